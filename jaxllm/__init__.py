@@ -1,0 +1,21 @@
+"""jaxllm: high-throughput LLM inference and an OpenAI-compatible server on JAX/XLA.
+
+    from jaxllm import LLM, SamplingParams
+    llm = LLM()  # the embedded SmolLM2-135M-Instruct
+    print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0].outputs[0].text)
+"""
+
+from jaxllm.outputs import CompletionOutput, RequestOutput
+from jaxllm.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+
+def __getattr__(name: str):
+    # LLM pulls in jax; keep `import jaxllm` light for the server and the host-only core.
+    if name == "LLM":
+        from jaxllm.entrypoints.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

@@ -1,0 +1,1 @@
+"""Host-side scheduling: block pool, KV cache manager, scheduler. Never imports jax."""

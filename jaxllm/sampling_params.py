@@ -1,0 +1,120 @@
+"""Per-request sampling parameters (vLLM's `SamplingParams`), validated on construction.
+
+Host-only: no jax here. The runner turns a batch of these into device arrays (runner/sampler.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_GREEDY_EPS = 1e-5
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None  # top-N logprobs per generated token (the sampled one is always included)
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt token
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    detokenize: bool = True
+    priority: int = 0
+    stop_list: list[str] = field(init=False, default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop_list = [self.stop] if self.stop else []
+        elif self.stop is None:
+            self.stop_list = []
+        else:
+            if not all(isinstance(s, str) for s in self.stop):
+                raise ValueError(f"stop={self.stop!r} must be a string or a list of strings")
+            self.stop_list = [s for s in self.stop if s]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        self._validate()
+
+    def _validate(self) -> None:
+        def check(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        check(isinstance(self.n, int) and self.n >= 1, f"n={self.n} must be an integer >= 1")
+        check(self.temperature >= 0.0, f"temperature={self.temperature} must be >= 0")
+        check(0.0 < self.top_p <= 1.0, f"top_p={self.top_p} must be in (0, 1]")
+        check(
+            isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
+            f"top_k={self.top_k} must be -1 (disabled), 0 (disabled) or a positive integer",
+        )
+        check(0.0 <= self.min_p <= 1.0, f"min_p={self.min_p} must be in [0, 1]")
+        check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            f"presence_penalty={self.presence_penalty} must be in [-2, 2]",
+        )
+        check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            f"frequency_penalty={self.frequency_penalty} must be in [-2, 2]",
+        )
+        check(self.repetition_penalty > 0.0, f"repetition_penalty={self.repetition_penalty} must be > 0")
+        check(
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            f"max_tokens={self.max_tokens} must be an integer >= 1",
+        )
+        check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+            f"min_tokens={self.min_tokens} must be an integer >= 0",
+        )
+        check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}",
+        )
+        check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+            f"logprobs={self.logprobs} must be an integer in [0, 20]",
+        )
+        check(
+            self.prompt_logprobs is None
+            or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20),
+            f"prompt_logprobs={self.prompt_logprobs} must be an integer in [0, 20]",
+        )
+        check(
+            self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+            f"seed={self.seed} must be a non-negative integer",
+        )
+        check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            f"stop_token_ids={self.stop_token_ids} must be non-negative integers",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS or self.top_k == 1
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        )
+
+    def clone(self, **changes) -> SamplingParams:
+        kw = {
+            f: getattr(self, f)
+            for f in self.__dataclass_fields__
+            if f != "stop_list" and self.__dataclass_fields__[f].init
+        }
+        kw.update(changes)
+        return SamplingParams(**kw)
