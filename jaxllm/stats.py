@@ -1,0 +1,20 @@
+"""A snapshot of the engine's counters, read by the server's /metrics (host only, no jax)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    num_requests_swapped: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    prefix_cache_queries: int = 0  # cumulative prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # cumulative prompt tokens found there
+    num_preemptions: int = 0  # cumulative
+    prompt_tokens: int = 0  # cumulative prompt tokens computed
+    generation_tokens: int = 0  # cumulative tokens generated
+    num_gpu_blocks: int = 0
+    block_size: int = 16
