@@ -1,0 +1,318 @@
+"""The scheduler: which requests get how many new tokens this step, and what happens to their results.
+
+There are no prefill or decode phases. Each `schedule()` hands out at most `max_num_batched_tokens`
+tokens to at most `max_num_seqs` requests:
+  1. running requests, decodes first (one token each) then unfinished prompt chunks; when the pool is
+     short, the most recently admitted running request (the lowest priority one under "priority") is
+     preempted: swapped to host memory when host blocks are free, else freed to be recomputed;
+  2. if nothing was preempted, waiting requests in queue order (FCFS, or (priority, arrival)): swapped
+     ones get device blocks back (blocks_to_swap_in), new and preempted ones look up the prefix cache
+     and get a prompt chunk (the remaining budget with chunked prefill, else the whole prompt or none).
+`update_from_output()` advances num_computed_tokens, appends sampled tokens, applies the stop conditions,
+caches newly full blocks and frees finished requests.
+
+Swap pairs are (device block, host block) in both directions. The runner must copy blocks_to_swap_out
+before the step's forward pass (their device blocks are free again and may be written this step), then
+blocks_to_swap_in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Iterable
+
+from jaxllm.config import CacheConfig, SchedulerConfig
+from jaxllm.core.kv_cache_manager import KVCacheManager, cdiv
+from jaxllm.request import Request, RequestStatus
+from jaxllm.runner_output import ModelRunnerOutput
+from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
+from jaxllm.stats import EngineStats
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int = 0,
+    ) -> None:
+        if num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks={num_cpu_blocks} must be >= 0")
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv = KVCacheManager(self.block_size, num_gpu_blocks, cache_config.enable_prefix_caching)
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self._free_cpu_blocks = list(range(num_cpu_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._swapped: dict[str, list[int]] = {}  # request id -> host blocks holding its KV, in order
+
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []  # queue order: front first
+        self.running: list[Request] = []  # admission order: most recent last
+        self._finished_ids: list[str] = []  # finished since the last schedule(): the runner drops them
+
+        self._num_preemptions = 0
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+
+    # -- requests in and out ---------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id={request.request_id!r} is already in the scheduler")
+        n = request.num_prompt_tokens
+        if n < 1:
+            raise ValueError("prompt_token_ids must hold at least one token")
+        if n > self.config.max_model_len:
+            raise ValueError(f"prompt length {n} exceeds max_model_len={self.config.max_model_len}")
+        if cdiv(n, self.block_size) > self.kv.pool.num_usable_blocks:
+            raise ValueError(
+                f"prompt length {n} needs {cdiv(n, self.block_size)} KV blocks; the cache holds "
+                f"{self.kv.pool.num_usable_blocks}"
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self._enqueue(request)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def abort_requests(self, request_ids: str | Iterable[str]) -> None:
+        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """Finish requests from outside (abort, or a stop string found by the detokenizer)."""
+        if not status.finished:
+            raise ValueError(f"status={status!r} must be a finished status")
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished:
+                continue
+            if request in self.running:
+                self.running.remove(request)
+            elif request in self.waiting:
+                self.waiting.remove(request)
+            self._finish(request, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- one step --------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, ScheduledRequest] = {}
+        preempted = False
+
+        # 1. Running requests: decodes (one remaining token) before prompt chunks; sort is stable.
+        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while self.kv.allocate_slots(request, num_new) is None:
+                victim = self._pick_victim()
+                if victim is request and len(self.running) == 1:
+                    # Nothing else holds blocks: the pool cannot hold this sequence's next token.
+                    self.running.remove(request)
+                    self._finish(request, RequestStatus.FINISHED_LENGTH)
+                    break
+                self._preempt(victim, out)
+                preempted = True
+                if victim.request_id in scheduled:  # it was given tokens earlier in this loop
+                    budget += scheduled.pop(victim.request_id).num_new_tokens
+                if victim is request:
+                    break
+            if request.status != RequestStatus.RUNNING:
+                continue
+            scheduled[request.request_id] = self._scheduled(request, num_new)
+            budget -= num_new
+
+        # 2. Waiting requests, unless memory was short this step.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if request.status == RequestStatus.SWAPPED:
+                num_new = self._swap_in(request, budget, out)
+            else:
+                num_new = self._admit(request, budget)
+            if num_new == 0:
+                break
+            self.waiting.pop(0)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
+            scheduled[request.request_id] = self._scheduled(request, num_new)
+            budget -= num_new
+
+        # Decodes first in the output, then prompt chunks, each group in scheduling order.
+        out.scheduled = sorted(scheduled.values(), key=lambda s: s.num_new_tokens > 1 or not s.samples)
+        out.num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
+        for s in out.scheduled:
+            p = s.request.num_prompt_tokens
+            self._prompt_tokens += max(0, min(s.start + s.num_new_tokens, p) - s.start)
+        return out
+
+    def update_from_output(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[Request]:
+        """Apply one step's results; returns the requests that got new tokens or finished."""
+        if len(runner_out.sampled_token_ids) != len(sched_out.scheduled):
+            raise ValueError(
+                f"runner returned {len(runner_out.sampled_token_ids)} results for "
+                f"{len(sched_out.scheduled)} scheduled requests"
+            )
+        changed: list[Request] = []
+        for i, s in enumerate(sched_out.scheduled):
+            request = s.request
+            if request.is_finished or request.status != RequestStatus.RUNNING:
+                continue  # finished or preempted from outside between schedule and update
+            if runner_out.req_ids:
+                assert runner_out.req_ids[i] == request.request_id, (
+                    runner_out.req_ids[i],
+                    request.request_id,
+                )
+            assert request.num_computed_tokens == s.start
+            request.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_blocks(request)
+            new_tokens = runner_out.sampled_token_ids[i]
+            status = None
+            for token in new_tokens:
+                request.output_token_ids.append(token)
+                self._generation_tokens += 1
+                status = self._check_stop(request, token)
+                if status is not None:
+                    break
+            if status is not None:
+                self.running.remove(request)
+                self._finish(request, status)
+            if new_tokens or status is not None:
+                changed.append(request)
+        return changed
+
+    # -- stats -----------------------------------------------------------------------------------------
+    def get_stats(self) -> EngineStats:
+        return EngineStats(
+            num_requests_running=len(self.running),
+            num_requests_waiting=sum(1 for r in self.waiting if r.status != RequestStatus.SWAPPED),
+            num_requests_swapped=len(self._swapped),
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_preemptions=self._num_preemptions,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+        )
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._free_cpu_blocks)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _queue_key(self, request: Request) -> tuple[int, float]:
+        return (request.priority, request.arrival_time)
+
+    def _enqueue(self, request: Request, front: bool = False) -> None:
+        if self.config.policy == "priority":
+            bisect.insort(self.waiting, request, key=self._queue_key)
+        elif front:
+            self.waiting.insert(0, request)
+        else:
+            self.waiting.append(request)
+
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        return ScheduledRequest(
+            request=request,
+            num_new_tokens=num_new,
+            start=request.num_computed_tokens,
+            block_ids=self.kv.get_block_ids(request),
+        )
+
+    def _admit(self, request: Request, budget: int) -> int:
+        """Give a new or preempted request blocks for its first chunk; 0 when it cannot run now."""
+        assert request.num_computed_tokens == 0
+        computed_blocks, num_cached = self.kv.get_computed_blocks(request)
+        num_new = request.num_tokens - num_cached
+        if not self.config.enable_chunked_prefill and num_new > budget:
+            return 0
+        num_new = min(num_new, budget)
+        if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
+            return 0
+        request.num_computed_tokens = num_cached
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_cached
+        return num_new
+
+    def _swap_in(self, request: Request, budget: int, out: SchedulerOutput) -> int:
+        """Bring a swapped request's KV back to the device and room for its next tokens; 0 if short."""
+        host_blocks = self._swapped[request.request_id]
+        num_new = request.num_tokens - request.num_computed_tokens
+        if not self.config.enable_chunked_prefill and num_new > budget:
+            return 0
+        num_new = min(num_new, budget)
+        need = cdiv(request.num_computed_tokens + num_new, self.block_size)
+        if need > self.kv.num_free_blocks:
+            return 0
+        device_blocks = self.kv.allocate_blocks(request, len(host_blocks))
+        assert device_blocks is not None
+        new = self.kv.allocate_slots(request, num_new)
+        assert new is not None
+        out.blocks_to_swap_in.extend((d.block_id, h) for d, h in zip(device_blocks, host_blocks, strict=True))
+        del self._swapped[request.request_id]
+        self._free_cpu_blocks.extend(reversed(host_blocks))
+        return num_new
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=self._queue_key)
+        return self.running[-1]
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Take a running request off the device: to host memory if there is room, else to recompute."""
+        self.running.remove(request)
+        num_blocks = cdiv(request.num_computed_tokens, self.block_size)
+        if 0 < num_blocks <= len(self._free_cpu_blocks):
+            device_ids = self.kv.get_block_ids(request)[:num_blocks]
+            host_ids = [self._free_cpu_blocks.pop() for _ in range(num_blocks)]
+            out.blocks_to_swap_out.extend(zip(device_ids, host_ids, strict=True))
+            self._swapped[request.request_id] = host_ids
+            request.status = RequestStatus.SWAPPED
+        else:
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.PREEMPTED
+        self.kv.free(request)
+        request.num_preemptions += 1
+        self._num_preemptions += 1
+        out.preempted_request_ids.append(request.request_id)
+        self._enqueue(request, front=True)
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and request.eos_token_id is not None and token == request.eos_token_id:
+                request.stop_reason = None
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Mark finished (the caller took it out of its queue) and release its device and host blocks."""
+        request.status = status
+        self.kv.free(request)
+        host_blocks = self._swapped.pop(request.request_id, None)
+        if host_blocks:
+            self._free_cpu_blocks.extend(reversed(host_blocks))
+        self._finished_ids.append(request.request_id)
+        del self.requests[request.request_id]
