@@ -1,0 +1,292 @@
+"""LLMEngine: where the host-side core and the device-side runner meet.
+
+    add_request -> tokenize, validate, fan out n child Requests -> Scheduler.add_request
+    step():  Scheduler.schedule() -> ModelRunner.execute() -> Scheduler.update_from_output()
+             -> OutputProcessor (detokenize, stop strings, logprobs) -> list[RequestOutput]
+
+Startup: load the model (or restore converted params), size the KV cache from gpu_memory_utilization,
+allocate it, compile every bucket (unless enforce_eager), log what vLLM logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import random
+import time
+
+import jax
+
+from jaxllm.config import EngineConfig
+from jaxllm.core.scheduler import Scheduler
+from jaxllm.engine.detokenizer import IncrementalDetokenizer
+from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentState
+from jaxllm.layers.attention import resolve_backend
+from jaxllm.loader import load_model
+from jaxllm.outputs import RequestMetrics, RequestOutput
+from jaxllm.request import Request, RequestStatus
+from jaxllm.runner.model_runner import ModelRunner
+from jaxllm.sampling_params import SamplingParams
+from jaxllm.stats import EngineStats
+
+logger = logging.getLogger("jaxllm")
+
+# Default limits on the host, where every compiled bucket costs seconds and memory is the CPU's.
+_CPU_MAX_NUM_SEQS = 64
+_CPU_MAX_BATCHED_TOKENS = 512
+_CPU_MAX_MODEL_LEN = 2048
+
+
+def enable_compilation_cache(path: str | None) -> str | None:
+    if path == "":
+        return None
+    path = path or os.environ.get("JAXLLM_CACHE_DIR") or os.path.expanduser("~/.cache/jaxllm/xla")
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    return path
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, *, user_set: frozenset[str] = frozenset()):
+        """`user_set` names the scheduler fields the user gave explicitly (the rest get platform defaults)."""
+        t_start = time.perf_counter()
+        self.cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
+        on_host = jax.default_backend() == "cpu"
+        backend = resolve_backend(config.runner.attention_backend)
+        self.loaded = load_model(config.model, attn_backend=backend)
+        arch = self.loaded.arch
+        self.tokenizer = self.loaded.tokenizer
+
+        sched = config.scheduler
+        max_model_len = config.model.max_model_len or arch.max_position_embeddings
+        if on_host and config.model.max_model_len is None:
+            max_model_len = min(max_model_len, _CPU_MAX_MODEL_LEN)
+        if max_model_len > arch.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+                f"{arch.max_position_embeddings}"
+            )
+        max_num_seqs = sched.max_num_seqs
+        max_tokens = sched.max_num_batched_tokens
+        if on_host and "max_num_seqs" not in user_set:
+            max_num_seqs = min(max_num_seqs, _CPU_MAX_NUM_SEQS)
+        if on_host and "max_num_batched_tokens" not in user_set:
+            max_tokens = min(max_tokens, _CPU_MAX_BATCHED_TOKENS)
+        if not sched.enable_chunked_prefill:
+            max_tokens = max(max_tokens, max_model_len)
+        sched = dataclasses.replace(
+            sched, max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens
+        )
+        self.config = dataclasses.replace(config, scheduler=sched)
+        self.max_model_len = max_model_len
+        cache = config.cache
+        param_dtype = jax.tree.leaves(self.loaded.params)[0].dtype
+        kv_dtype = param_dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
+
+        self.runner = ModelRunner(
+            self.loaded.module,
+            self.loaded.params,
+            num_layers=arch.num_layers,
+            num_kv_heads=arch.num_kv_heads,
+            head_dim=arch.head_dim,
+            vocab_size=arch.vocab_size,
+            kv_dtype=kv_dtype,
+            block_size=cache.block_size,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_tokens,
+            bucket_pages=backend == "reference",
+            bucket_growth=4 if on_host else 2,
+        )
+        num_blocks, why = self.runner.determine_num_blocks(
+            cache.gpu_memory_utilization, cache.num_gpu_blocks_override, max_num_seqs
+        )
+        num_cpu_blocks = int(cache.swap_space_gib * 2**30) // self.runner.geometry.bytes_per_block
+        self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
+        self.scheduler = Scheduler(sched, cache, num_blocks, num_cpu_blocks)
+        self.compile_time_s = 0.0
+        if not config.runner.enforce_eager:
+            self.compile_time_s = self.runner.compile_all()
+
+        kv_gib = num_blocks * self.runner.geometry.bytes_per_block / 2**30
+        self.max_concurrency = num_blocks * cache.block_size / max_model_len
+        self.startup_info = {
+            "model": self.loaded.model_name,
+            "dtype": str(param_dtype),
+            "kv_cache_dtype": str(kv_dtype),
+            "attention_backend": backend,
+            "num_gpu_blocks": num_blocks,
+            "num_cpu_blocks": num_cpu_blocks,
+            "block_size": cache.block_size,
+            "kv_cache_gib": round(kv_gib, 3),
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_tokens,
+            "max_concurrency": round(self.max_concurrency, 2),
+            "load_time_s": round(self.loaded.load_time_s, 2),
+            "compile_time_s": round(self.compile_time_s, 2),
+            "compiled_variants": self.runner.num_compiled(),
+            "startup_time_s": round(time.perf_counter() - t_start, 2),
+            "compilation_cache": self.cache_dir,
+        }
+        logger.info(
+            "model %s (%s, attention %s) loaded in %.2f s", self.loaded.model_name,
+            self.startup_info["dtype"], backend, self.loaded.load_time_s,
+        )
+        logger.info("KV cache: %d blocks of %d tokens, %.3f GiB (%s)", num_blocks, cache.block_size, kv_gib, why)
+        logger.info(
+            "maximum concurrency for %d tokens per request: %.2fx", max_model_len, self.max_concurrency
+        )
+        logger.info(
+            "compiled %d step variants in %.1f s (cache: %s)",
+            self.runner.num_compiled(), self.compile_time_s, self.cache_dir,
+        )
+
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._counter = itertools.count()
+        self._rng = random.Random(config.model.seed)
+        eos = arch.eos_token_ids or []
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_id = tok_eos if tok_eos is not None else (eos[0] if eos else None)
+        self.extra_eos_ids = [e for e in eos if e != self.eos_token_id]
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def prepare_request(
+        self,
+        request_id: str,
+        prompt: str | list[int] | None,
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> ParentState:
+        """Tokenize and validate; raises ValueError naming the field. Mutates no engine state."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            text, ids = prompt, self.tokenize(prompt)
+        elif isinstance(prompt, list | tuple):
+            text, ids = None, [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.loaded.arch.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.loaded.arch.vocab_size})")
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens long; max_model_len={self.max_model_len} leaves no room to "
+                "generate (the prompt must be shorter than max_model_len)"
+            )
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if self.extra_eos_ids and not params.ignore_eos:
+            params = params.clone(stop_token_ids=list(params.stop_token_ids) + self.extra_eos_ids)
+        room = self.max_model_len - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        children = []
+        for i in range(params.n):
+            seed = (params.seed + i) if params.seed is not None else self._rng.getrandbits(62)
+            cid = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(
+                request_id=cid,
+                prompt_token_ids=list(ids),
+                sampling_params=params,
+                eos_token_id=self.eos_token_id,
+                arrival_time=arrival,
+                priority=priority,
+                sampling_seed=seed,
+                max_tokens=max_tokens,
+            )
+            detok = (
+                IncrementalDetokenizer(
+                    self.tokenizer, ids, params.skip_special_tokens, params.spaces_between_special_tokens
+                )
+                if params.detokenize
+                else None
+            )
+            children.append(ChildState(req, i, detok))
+        return ParentState(request_id, text, list(ids), children, RequestMetrics(arrival_time=arrival))
+
+    def enqueue(self, parent: ParentState) -> None:
+        if parent.request_id in self.output_processor.parents:
+            raise ValueError(f"request_id {parent.request_id!r} is already in use")
+        self.output_processor.add(parent)
+        for c in parent.children:
+            self.scheduler.add_request(c.request)
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams, *, priority: int = 0) -> None:
+        self.enqueue(self.prepare_request(request_id, prompt, params, priority=priority))
+
+    def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        outs = []
+        for rid in ids:
+            parent = self.output_processor.parents.get(rid)
+            if parent is None:
+                continue
+            self.scheduler.abort_requests([c.request.request_id for c in parent.children])
+            outs.append(self.output_processor.make_output(rid))
+            self.output_processor.remove(rid)
+        return outs
+
+    def next_request_id(self) -> str:
+        return str(next(self._counter))
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        sched_out = self.scheduler.schedule()
+        now = time.monotonic()
+        for sr in sched_out.scheduled:
+            pc = self.output_processor.child_to_parent.get(sr.request.request_id)
+            if pc is not None and pc[0].metrics.first_scheduled_time is None:
+                pc[0].metrics.first_scheduled_time = now
+        runner_out = self.runner.execute(sched_out)
+        for rid, lp in runner_out.prompt_logprobs.items():
+            if rid in self.output_processor.child_to_parent:
+                self.output_processor.on_prompt_logprobs(rid, lp)
+        new_tokens = {
+            rid: toks for rid, toks in zip(runner_out.req_ids, runner_out.sampled_token_ids) if toks
+        }
+        updated = self.scheduler.update_from_output(sched_out, runner_out)
+        touched: dict[str, None] = {}
+        stopped: list[tuple[str, str]] = []
+        for req in updated:
+            pc = self.output_processor.child_to_parent.get(req.request_id)
+            if pc is None:
+                continue
+            stop = self.output_processor.on_tokens(
+                req, new_tokens.get(req.request_id, []), runner_out.logprobs.get(req.request_id)
+            )
+            if stop is not None and not req.is_finished:
+                stopped.append((req.request_id, stop))
+            touched[pc[0].request_id] = None
+        for rid, stop in stopped:
+            self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)
+            self.scheduler_request_stop_reason(rid, stop)
+        outputs = []
+        for pid in touched:
+            out = self.output_processor.make_output(pid)
+            outputs.append(out)
+            if out.finished:
+                self.output_processor.remove(pid)
+        return outputs
+
+    def scheduler_request_stop_reason(self, child_id: str, stop: str) -> None:
+        pc = self.output_processor.child_to_parent.get(child_id)
+        if pc is not None:
+            pc[1].request.stop_reason = stop
+
+    def get_stats(self) -> EngineStats:
+        return self.scheduler.get_stats()

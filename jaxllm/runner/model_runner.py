@@ -1,0 +1,229 @@
+"""Runs one scheduled step on the device: inputs -> jitted model step -> jitted sampler -> host output.
+
+    SchedulerOutput --build_step_inputs--> StepInputs (numpy, padded to a bucket)
+      --device_put--> model_step(params, kv_caches [donated], ...) -> logits f32[S, V], kv_caches
+      --sample--> ids i32[S] (+ logprobs) --device_get--> ModelRunnerOutput
+
+Every (bucket, sampler variant) is compiled at startup by `compile_all` unless `enforce_eager`; the
+persistent compilation cache makes a restart cheap. Nothing compiles while serving (tests count it).
+Prompt logprobs use a separate all-rows logits variant, compiled on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxllm.layers.attention_metadata import AttentionMetadata
+from jaxllm.runner import kv_cache as kvc
+from jaxllm.runner.buckets import BucketPlan
+from jaxllm.runner.input_batch import StepInputs, build_step_inputs
+from jaxllm.runner.sampler import SamplerFlags, compute_prompt_logprobs, sample
+from jaxllm.runner.sampling_metadata import SamplingRow, build_sampling_metadata
+from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
+from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
+
+logger = logging.getLogger("jaxllm")
+
+# Logprobs are computed for this many top tokens whenever any request in the step asks (static shape).
+MAX_LOGPROBS = 20
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        module,
+        params,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        vocab_size: int,
+        kv_dtype,
+        block_size: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        bucket_pages: bool,
+        bucket_growth: int = 2,
+        kv_sharding=None,
+    ):
+        self.module = module
+        self.params = params
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.geometry = kvc.KVGeometry(num_layers, num_kv_heads, head_dim, block_size, jnp.dtype(kv_dtype))
+        self.max_pages_per_seq = -(-max_model_len // block_size)
+        self.plan = BucketPlan.build(
+            max_num_batched_tokens, max_num_seqs, self.max_pages_per_seq, bucket_pages=bucket_pages,
+            growth=bucket_growth,
+        )
+        self.kv_sharding = kv_sharding
+        self.kv_caches: list | None = None
+        self.swap: kvc.HostSwapSpace | None = None
+        self._model_step = jax.jit(self._model_step_impl, donate_argnums=(1,), static_argnames=("all_logits",))
+        self._sample = jax.jit(sample, static_argnames=("flags",))
+        self._prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
+
+    # ---- the jitted pieces ---------------------------------------------------------------------------
+    def _model_step_impl(self, params, kv_caches, input_ids, md, logits_indices, *, all_logits: bool):
+        hidden, kv_caches = self.module.apply({"params": params}, input_ids, kv_caches, md)
+        rows = hidden if all_logits else hidden[logits_indices]
+        logits = self.module.apply({"params": params}, rows, method="compute_logits")
+        return logits, kv_caches
+
+    # ---- memory --------------------------------------------------------------------------------------
+    def _abstract_step_args(self, t: int, s: int, b: int, num_blocks: int):
+        i32 = jnp.int32
+        sds = jax.ShapeDtypeStruct
+        kv = [(sds(self.geometry.layer_shape(num_blocks), self.geometry.dtype),) * 2 for _ in range(self.geometry.num_layers)]
+        md = AttentionMetadata(
+            positions=sds((t,), i32), slot_mapping=sds((t,), i32), block_tables=sds((s, b), i32),
+            kv_lens=sds((s,), i32), cu_q_lens=sds((s + 1,), i32), num_seqs=sds((1,), i32),
+        )
+        return kv, sds((t,), i32), md, sds((s,), i32)
+
+    def largest_step_temp_bytes(self) -> int:
+        t = self.plan.token_buckets[-1]
+        kv, ids, md, li = self._abstract_step_args(t, self.plan.seqs_for(t), self.plan.page_buckets[-1], 16)
+        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
+        compiled = self._model_step.lower(params, kv, ids, md, li, all_logits=False).compile()
+        mem = compiled.memory_analysis()
+        return int(getattr(mem, "temp_size_in_bytes", 0) or 0) if mem is not None else 0
+
+    def determine_num_blocks(self, util: float, override: int | None, max_num_seqs: int) -> tuple[int, str]:
+        if override is not None:
+            return override, "num_gpu_blocks_override"
+        useful = max_num_seqs * self.max_pages_per_seq + 1
+        temp = self.largest_step_temp_bytes() if jax.default_backend() != "cpu" else 0
+        return kvc.num_blocks_for_memory(self.geometry, util, temp, useful)
+
+    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int = 0) -> None:
+        self.num_blocks = num_blocks
+        self.kv_caches = kvc.allocate(self.geometry, num_blocks, self.kv_sharding)
+        if num_cpu_blocks > 0:
+            self.swap = kvc.HostSwapSpace(self.geometry, num_cpu_blocks)
+
+    # ---- compilation ---------------------------------------------------------------------------------
+    def compile_all(self) -> float:
+        """Run every bucket once on padding inputs (writes nothing: all slots are -1)."""
+        t0 = time.perf_counter()
+        for t, s, b in self.plan.all_shapes():
+            inputs = _padding_inputs(t, s, b)
+            logits = self._run_model(inputs, all_logits=False)
+            for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
+                smd = build_sampling_metadata([], s, self.vocab_size)
+                out = self._sample(logits, jax.device_put(smd), flags=flags)
+        jax.block_until_ready(out)
+        return time.perf_counter() - t0
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def _run_model(self, inputs: StepInputs, *, all_logits: bool):
+        ids, md, li = jax.device_put(
+            (
+                inputs.input_ids,
+                AttentionMetadata(
+                    positions=inputs.positions, slot_mapping=inputs.slot_mapping,
+                    block_tables=inputs.block_tables, kv_lens=inputs.kv_lens,
+                    cu_q_lens=inputs.cu_q_lens, num_seqs=inputs.num_seqs,
+                ),
+                inputs.logits_indices,
+            )
+        )
+        logits, self.kv_caches = self._model_step(self.params, self.kv_caches, ids, md, li, all_logits=all_logits)
+        return logits
+
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        if self.swap is not None:
+            self.swap.swap_out(self.kv_caches, sched.blocks_to_swap_out)
+            self.kv_caches = self.swap.swap_in(self.kv_caches, sched.blocks_to_swap_in)
+        out = ModelRunnerOutput(req_ids=[sr.request.request_id for sr in sched.scheduled])
+        if not sched.scheduled:
+            return out
+        inputs = build_step_inputs(sched, self.plan, self.block_size)
+        want_prompt_lp = [sr for sr in sched.scheduled if _wants_prompt_logprobs(sr)]
+        logits = self._run_model(inputs, all_logits=bool(want_prompt_lp))
+        if want_prompt_lp:
+            all_logits = logits
+            logits = all_logits[jnp.asarray(inputs.logits_indices)]
+            self._collect_prompt_logprobs(sched, inputs, all_logits, out)
+
+        s = inputs.shape[1]
+        rows = [_sampling_row(sr) if sr.samples else None for sr in sched.scheduled]
+        smd = build_sampling_metadata(rows, s, self.vocab_size)
+        flags = SamplerFlags.for_rows([r for r in rows if r is not None], MAX_LOGPROBS)
+        result = jax.device_get(self._sample(logits, jax.device_put(smd), flags=flags))
+        ids = np.asarray(result.token_ids)
+        for i, sr in enumerate(sched.scheduled):
+            if not sr.samples:
+                out.sampled_token_ids.append([])
+                continue
+            out.sampled_token_ids.append([int(ids[i])])
+            if sr.request.sampling_params.logprobs is not None and result.logprob_ids is not None:
+                n = sr.request.sampling_params.logprobs
+                out.logprobs[sr.request.request_id] = TokenLogprobs(
+                    token_ids=np.asarray(result.logprob_ids[i : i + 1, : n + 1]),
+                    logprobs=np.asarray(result.logprobs[i : i + 1, : n + 1]),
+                    ranks=np.asarray(result.ranks[i : i + 1, : n + 1]),
+                )
+        return out
+
+    def _collect_prompt_logprobs(self, sched, inputs: StepInputs, all_logits, out: ModelRunnerOutput) -> None:
+        """Logprob of each prompt token given its prefix, for the positions this chunk computed."""
+        t = inputs.shape[0]
+        next_ids = np.zeros(t, np.int32)
+        for i, sr in enumerate(sched.scheduled):
+            req = sr.request
+            a = int(inputs.cu_q_lens[i])
+            for j in range(sr.num_new_tokens):
+                p = sr.start + j + 1
+                if p < req.num_prompt_tokens:
+                    next_ids[a + j] = req.prompt_token_ids[p]
+        ids, lps, ranks = jax.device_get(
+            self._prompt_logprobs(all_logits, jnp.asarray(next_ids), num_logprobs=MAX_LOGPROBS)
+        )
+        for i, sr in enumerate(sched.scheduled):
+            if not _wants_prompt_logprobs(sr):
+                continue
+            req = sr.request
+            n = req.sampling_params.prompt_logprobs
+            a = int(inputs.cu_q_lens[i])
+            m = max(0, min(sr.num_new_tokens, req.num_prompt_tokens - 1 - sr.start))
+            out.prompt_logprobs[req.request_id] = TokenLogprobs(
+                token_ids=np.asarray(ids[a : a + m, : n + 1]),
+                logprobs=np.asarray(lps[a : a + m, : n + 1]),
+                ranks=np.asarray(ranks[a : a + m, : n + 1]),
+            )
+
+    def num_compiled(self) -> int:
+        return sum(f._cache_size() for f in (self._model_step, self._sample, self._prompt_logprobs))
+
+
+def _wants_prompt_logprobs(sr: ScheduledRequest) -> bool:
+    return sr.request.sampling_params.prompt_logprobs is not None and sr.start < sr.request.num_prompt_tokens
+
+
+def _sampling_row(sr: ScheduledRequest) -> SamplingRow:
+    r = sr.request
+    return SamplingRow(
+        params=r.sampling_params,
+        seed=r.sampling_seed,
+        prompt_token_ids=r.prompt_token_ids,
+        output_token_ids=r.output_token_ids,
+        eos_token_id=r.eos_token_id,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _padding_inputs(t: int, s: int, b: int) -> StepInputs:
+    return StepInputs(
+        input_ids=np.zeros(t, np.int32), positions=np.zeros(t, np.int32), slot_mapping=np.full(t, -1, np.int32),
+        block_tables=np.zeros((s, b), np.int32), kv_lens=np.zeros(s, np.int32), cu_q_lens=np.zeros(s + 1, np.int32),
+        num_seqs=np.zeros(1, np.int32), logits_indices=np.zeros(s, np.int32), num_tokens=0, shape=(t, s, b),
+    )
