@@ -1,0 +1,194 @@
+"""The Starlette app: routes -> handlers, with OpenAI-shaped errors and the engine's lifetime.
+
+    build_app(engine, ...) -> Starlette
+      lifespan: engine.start(), a periodic stats log line; on exit engine.shutdown() (drains requests)
+      POST /v1/chat/completions, /v1/completions -> serving_chat / serving_completion
+      GET /v1/models, /health, /version, /metrics;  POST /tokenize, /detokenize
+Every handler runs inside `_guard`: an APIError (or a client ValueError) answers that request alone; an
+unexpected exception is logged and answered with a 500 without touching other requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import jaxllm
+from server.auth import APIKeyMiddleware
+from server.body import read_json_object
+from server.errors import APIError, error_body, error_response
+from server.generation import check_model
+from server.metrics import ServerMetrics, StatsLogger
+from server.protocol import parse_detokenize, parse_tokenize
+from server.serving_chat import create_chat_completion, render_chat
+from server.serving_completion import create_completion
+from server.state import ServerState
+
+logger = logging.getLogger("jaxllm.server")
+
+
+def _guard(handler):
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except APIError as e:
+            return error_response(e)
+        except Exception:
+            logger.exception("error while handling %s %s", request.method, request.url.path)
+            return JSONResponse(error_body("internal server error", 500), status_code=500)
+
+    return wrapped
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def chat_completions(request: Request) -> Response:
+    s = _state(request)
+    body = await read_json_object(request, s.max_request_body_bytes)
+    return await create_chat_completion(s, body, request)
+
+
+async def completions(request: Request) -> Response:
+    s = _state(request)
+    body = await read_json_object(request, s.max_request_body_bytes)
+    return await create_completion(s, body, request)
+
+
+async def models(request: Request) -> Response:
+    s = _state(request)
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": int(s.start_time),
+            "owned_by": "jaxllm",
+            "root": s.model_name,
+            "parent": None,
+            "max_model_len": s.max_model_len,
+        }
+        for name in s.served_names
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": jaxllm.__version__})
+
+
+async def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def tokenize(request: Request) -> Response:
+    s = _state(request)
+    req = parse_tokenize(await read_json_object(request, s.max_request_body_bytes))
+    check_model(req.model, s.served_names)
+    if req.messages is not None:
+        from server.protocol import ChatRequest, CommonFields
+
+        chat = ChatRequest(common=CommonFields(None, False, False), messages=req.messages)
+        ids = render_chat(s, chat)
+    else:
+        ids = s.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return JSONResponse({"count": len(ids), "max_model_len": s.max_model_len, "tokens": ids})
+
+
+async def detokenize(request: Request) -> Response:
+    s = _state(request)
+    model, tokens = parse_detokenize(await read_json_object(request, s.max_request_body_bytes))
+    check_model(model, s.served_names)
+    vocab = len(s.tokenizer)
+    if any(not 0 <= t < vocab for t in tokens):
+        raise APIError(f"'tokens' must be in [0, {vocab})", param="tokens")
+    return JSONResponse({"prompt": s.tokenizer.decode(tokens)})
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+
+def build_app(
+    engine,
+    *,
+    served_model_names: list[str] | None = None,
+    api_key: str | None = None,
+    chat_template: str | None = None,
+    max_request_body_bytes: int = 1 << 20,
+    disconnect_poll_s: float = 0.5,
+    stats_interval_s: float = 10.0,
+    manage_engine: bool = True,
+) -> Starlette:
+    """`manage_engine`: start the engine on startup and shut it down (draining) on exit."""
+    names = list(served_model_names or [engine.model_name])
+    state = ServerState(
+        engine=engine,
+        served_names=names,
+        metrics=ServerMetrics(engine, names[0]),
+        chat_template=chat_template,
+        api_key=api_key,
+        max_request_body_bytes=max_request_body_bytes,
+        disconnect_poll_s=disconnect_poll_s,
+        stats_interval_s=stats_interval_s,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        if manage_engine:
+            await engine.start()
+        stats = StatsLogger(state.metrics)
+
+        async def log_stats():
+            while True:
+                await asyncio.sleep(state.stats_interval_s)
+                try:
+                    logger.info(stats.tick())
+                except Exception:
+                    logger.exception("stats logging failed")
+
+        task = asyncio.ensure_future(log_stats())
+        state.start_time = time.time()
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if manage_engine:
+                await engine.shutdown()
+
+    routes = [
+        Route("/v1/chat/completions", _guard(chat_completions), methods=["POST"]),
+        Route("/v1/completions", _guard(completions), methods=["POST"]),
+        Route("/v1/models", _guard(models), methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/metrics", _guard(metrics), methods=["GET"]),
+        Route("/tokenize", _guard(tokenize), methods=["POST"]),
+        Route("/detokenize", _guard(detokenize), methods=["POST"]),
+    ]
+    middleware = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+    )
+    app.state.server = state
+    return app

@@ -1,0 +1,37 @@
+"""API-key check (ASGI middleware): `Authorization: Bearer <key>` on /v1/*, /tokenize and /detokenize.
+
+/health, /metrics and /version stay open, as in vLLM. Keys are compared with hmac.compare_digest.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.responses import JSONResponse
+
+from server.errors import error_body
+
+PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
+
+
+class APIKeyMiddleware:
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if not path.startswith(PROTECTED_PREFIXES):
+            return await self.app(scope, receive, send)
+        got = b""
+        for k, v in scope.get("headers", []):
+            if k == b"authorization":
+                got = v
+                break
+        if not hmac.compare_digest(got, self.expected):
+            body = error_body("invalid or missing API key", 401, code="invalid_api_key")
+            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)

@@ -1,0 +1,227 @@
+"""Command line: `jaxllm serve [MODEL] [flags]` and `python -m jaxllm.entrypoints.openai.api_server --model M`.
+
+    argv --make_arg_parser / parse_args--> Namespace --engine_config_from_args--> EngineConfig
+         --AsyncLLMEngine.from_config--> engine (loads, compiles) --build_app--> Starlette --uvicorn.run
+Flag names and meanings follow vLLM's. With no model the embedded SmolLM2-135M-Instruct is served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from jaxllm.config import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    KV_CACHE_DTYPES,
+    LOAD_FORMATS,
+    CacheConfig,
+    EngineConfig,
+    ModelSpec,
+    ParallelConfig,
+    RunnerConfig,
+    SchedulerConfig,
+)
+
+logger = logging.getLogger("jaxllm.server")
+API_KEY_ENV = "JAXLLM_API_KEY"
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
+
+
+def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible server for jaxllm (vLLM's flags).")
+    if positional_model:
+        p.add_argument("model_tag", nargs="?", default=None, help="model to serve (same as --model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF folder, GGUF file or preset; default: embedded SmolLM2-135M-Instruct",
+    )
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--host", default=None, help="bind address (default: all interfaces)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--swap-space", type=float, default=None, help="CPU swap space per GPU (GiB)")
+    p.add_argument(
+        "--enforce-eager", action="store_true", help="skip ahead-of-time compilation of the buckets"
+    )
+    p.add_argument("--quantization", "-q", default=None)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--api-key", default=None, help=f"required key for /v1 (also from ${API_KEY_ENV})")
+    p.add_argument("--chat-template", default=None, help="a Jinja template file, or the template itself")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    p.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES)
+    p.add_argument("--compilation-cache-dir", default=None)
+    p.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
+    return p
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """A path to a template file, or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"chat_template={value!r} is neither a readable file nor a Jinja template")
+    return value
+
+
+def parse_args(argv: list[str] | None = None, positional_model: bool = True) -> argparse.Namespace:
+    parser = make_arg_parser(positional_model=positional_model)
+    args = parser.parse_args(argv)
+    if positional_model and args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            parser.error(f"model given twice: {args.model_tag!r} and --model {args.model!r}")
+        args.model = args.model_tag
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
+    try:
+        args.chat_template_text = load_chat_template(args.chat_template)
+        engine_config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Maps vLLM-named flags onto EngineConfig; raises ValueError (naming the field) on a bad value."""
+    chunked = args.enable_chunked_prefill
+    sched: dict = {}
+    if args.max_num_seqs is not None:
+        sched["max_num_seqs"] = args.max_num_seqs
+    if args.max_model_len is not None:
+        sched["max_model_len"] = args.max_model_len
+    if chunked is not None:
+        sched["enable_chunked_prefill"] = chunked
+    if args.max_num_batched_tokens is not None:
+        sched["max_num_batched_tokens"] = args.max_num_batched_tokens
+    elif chunked is False:
+        # As vLLM: without chunking a whole prompt must fit one step.
+        sched["max_num_batched_tokens"] = max(args.max_model_len or 2048, 2048)
+    cache: dict = {
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "kv_cache_dtype": args.kv_cache_dtype,
+    }
+    if args.block_size is not None:
+        cache["block_size"] = args.block_size
+    if args.swap_space is not None:
+        cache["swap_space_gib"] = args.swap_space
+    if args.enable_prefix_caching is not None:
+        cache["enable_prefix_caching"] = args.enable_prefix_caching
+    if args.num_gpu_blocks_override is not None:
+        cache["num_gpu_blocks_override"] = args.num_gpu_blocks_override
+    runner: dict = {"attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager}
+    if args.compilation_cache_dir is not None:
+        runner["compilation_cache_dir"] = args.compilation_cache_dir
+    if args.max_request_body_bytes < 1:
+        raise ValueError(f"max_request_body_bytes={args.max_request_body_bytes} must be >= 1")
+    if args.port is not None and not 0 <= args.port < 65536:
+        raise ValueError(f"port={args.port} must be in [0, 65535]")
+    return EngineConfig(
+        model=ModelSpec(
+            model=args.model,
+            tokenizer=args.tokenizer,
+            dtype=args.dtype,
+            load_format=args.load_format,
+            quantization=args.quantization,
+            seed=args.seed,
+            max_model_len=args.max_model_len,
+            served_model_name=args.served_model_name[0] if args.served_model_name else None,
+            chat_template=getattr(args, "chat_template_text", None),
+        ),
+        cache=CacheConfig(**cache),
+        scheduler=SchedulerConfig(**sched),
+        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
+        runner=RunnerConfig(**runner),
+    )
+
+
+def startup_lines(info: dict, max_model_len: int, url: str) -> list[str]:
+    """vLLM-style startup summary from the engine's startup_info."""
+    lines = [
+        f"Model: {info.get('model', '?')}, dtype: {info.get('dtype', '?')}, max_model_len: {max_model_len}"
+    ]
+    if "num_gpu_blocks" in info:
+        lines.append(f"# GPU blocks: {info['num_gpu_blocks']}, block size: {info.get('block_size', '?')}")
+    if "max_concurrency" in info:
+        lines.append(
+            f"Maximum concurrency for {max_model_len} tokens per request: {float(info['max_concurrency']):.2f}x"
+        )
+    if "compile_time_s" in info:
+        lines.append(f"Compilation and warm-up took {float(info['compile_time_s']):.2f} s")
+    shown = {"model", "dtype", "num_gpu_blocks", "block_size", "max_concurrency", "compile_time_s"}
+    extra = {k: v for k, v in info.items() if k not in shown}
+    if extra:
+        lines.append("Engine: " + ", ".join(f"{k}={v}" for k, v in extra.items()))
+    lines.append(
+        f"Serving the OpenAI-compatible API on {url}/v1 (docs: {url}/v1/models, {url}/health, {url}/metrics)"
+    )
+    return lines
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from jaxllm.engine.async_engine import AsyncLLMEngine
+    from server.app import build_app
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    config = engine_config_from_args(args)
+    logger.info("jaxllm API server; engine config: %s", config)
+    engine = AsyncLLMEngine.from_config(config)
+    app = build_app(
+        engine,
+        served_model_names=args.served_model_name,
+        api_key=args.api_key,
+        chat_template=args.chat_template_text,
+        max_request_body_bytes=args.max_request_body_bytes,
+    )
+    shown_host = args.host if args.host not in (None, "", "0.0.0.0") else "0.0.0.0"
+    for line in startup_lines(
+        dict(engine.startup_info), engine.max_model_len, f"http://{shown_host}:{args.port}"
+    ):
+        logger.info(line)
+    uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port, log_level=args.uvicorn_log_level)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: jaxllm serve [MODEL] [flags]   (jaxllm serve --help for the flags)")
+        sys.exit(0 if argv else 2)
+    if argv[0] != "serve":
+        print(
+            f"jaxllm: unknown command {argv[0]!r}; the command is `jaxllm serve [MODEL] [flags]`",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    serve(parse_args(argv[1:]))
+
+
+def api_server_main(argv: list[str] | None = None) -> None:
+    """`python -m jaxllm.entrypoints.openai.api_server --model M ...` (no positional model, as vLLM)."""
+    serve(parse_args(sys.argv[1:] if argv is None else argv, positional_model=False))
+
+
+if __name__ == "__main__":
+    main()

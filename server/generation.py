@@ -1,0 +1,208 @@
+"""Running engine requests on behalf of a handler: validation against the context, metrics, abort.
+
+prompt ids + CommonFields --make_sampling_params--> SamplingParams (400 naming the field on error)
+engine.generate(...) --tracked--> RequestOutputs observed by a RequestTracker; leaving early aborts
+several prompts --start_all--> primed streams (an engine ValueError becomes a 400 before any byte
+    is sent) --merge--> (prompt index, RequestOutput) as produced, or --collect--> final outputs,
+    polling `request.is_disconnected()` so a client that leaves has its requests aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from jaxllm.outputs import RequestOutput
+from jaxllm.sampling_params import SamplingParams
+from server.errors import APIError, from_value_error
+from server.metrics import ServerMetrics
+from server.protocol import CommonFields
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its non-streaming response was ready."""
+
+
+def check_model(requested: str | None, served_names: list[str]) -> str:
+    if requested is None or requested in served_names:
+        return served_names[0]
+    raise APIError(
+        f"The model `{requested}` does not exist. Served models: {served_names}",
+        status=404,
+        param="model",
+        code="model_not_found",
+    )
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    if not ids:
+        raise APIError(f"'{param}' must not be empty", param=param)
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(f"'{param}' holds token ids outside [0, {vocab_size}): {bad[:5]}", param=param)
+
+
+def make_sampling_params(
+    common: CommonFields,
+    prompt_len: int,
+    max_model_len: int,
+    *,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+    prompt_param: str = "prompt",
+) -> SamplingParams:
+    """SamplingParams for one prompt; max_tokens=None means what the context leaves."""
+    if prompt_len >= max_model_len:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    max_tokens = common.max_tokens if common.max_tokens is not None else max_model_len - prompt_len
+    try:
+        params = SamplingParams(
+            **common.sampling, max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+        )
+    except (ValueError, TypeError) as e:
+        raise from_value_error(ValueError(str(e))) from None
+    if prompt_len + max_tokens > max_model_len:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the input, {max_tokens} in the completion). "
+            f"Please reduce the length of the input or the completion.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return params
+
+
+async def shielded(coro) -> None:
+    # Starlette cancels a streaming response's task group on disconnect; the abort must still run.
+    with anyio.CancelScope(shield=True):
+        await coro
+
+
+async def tracked(
+    engine,
+    prompt: list[int],
+    params: SamplingParams,
+    request_id: str,
+    metrics: ServerMetrics,
+    priority: int = 0,
+) -> AsyncIterator[RequestOutput]:
+    """engine.generate, observed for metrics; a consumer that stops early (disconnect, error) aborts it."""
+    tracker = metrics.tracker()
+    finished = False
+    gen = engine.generate(prompt, params, request_id, priority=priority)
+    try:
+        async for ro in gen:
+            tracker.on_output(ro)
+            finished = ro.finished
+            yield ro
+    finally:
+        if not finished:
+            await shielded(engine.abort(request_id))
+        aclose = getattr(gen, "aclose", None)
+        if aclose is not None:
+            await shielded(aclose())
+
+
+async def _prepend(first: Any, rest: AsyncIterator) -> AsyncIterator:
+    try:
+        yield first
+        async for x in rest:
+            yield x
+    finally:
+        await shielded(rest.aclose())
+
+
+async def start_all(streams: list[AsyncIterator[RequestOutput]]) -> list[AsyncIterator[RequestOutput]]:
+    """Waits for each stream's first output so a rejected prompt becomes a 400 before the response starts."""
+    firsts = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
+    errors = [f for f in firsts if isinstance(f, BaseException)]
+    if errors:
+        for s in streams:
+            await shielded(s.aclose())
+        e = errors[0]
+        if isinstance(e, ValueError):
+            raise from_value_error(e) from None
+        if isinstance(e, StopAsyncIteration):
+            raise APIError("the engine returned no output", status=500) from None
+        raise e
+    return [_prepend(f, s) for f, s in zip(firsts, streams, strict=True)]
+
+
+_DONE = object()
+
+
+async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleaves several streams in arrival order as (stream index, item)."""
+    if len(streams) == 1:
+        try:
+            async for x in streams[0]:
+                yield 0, x
+        finally:
+            await shielded(streams[0].aclose())
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator) -> None:
+        try:
+            async for x in s:
+                await queue.put((i, x, None))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, None, e))
+        finally:
+            await shielded(s.aclose())
+            queue.put_nowait((i, None, _DONE))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, x, err = await queue.get()
+            if err is _DONE:
+                remaining -= 1
+            elif err is not None:
+                raise err
+            else:
+                yield i, x
+    finally:
+        for t in tasks:
+            t.cancel()
+        await shielded(asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def collect(
+    request, streams: list[AsyncIterator[RequestOutput]], poll_s: float = 0.5
+) -> list[RequestOutput]:
+    """Final output of each stream; raises ClientDisconnected (having aborted all) if the client leaves."""
+
+    async def last(s: AsyncIterator[RequestOutput]) -> RequestOutput:
+        out = None
+        async for out in s:  # noqa: B007
+            pass
+        if out is None:
+            raise APIError("the engine returned no output", status=500)
+        return out
+
+    tasks = [asyncio.ensure_future(last(s)) for s in streams]
+    try:
+        while True:
+            done, pending = await asyncio.wait(tasks, timeout=poll_s, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    raise t.exception()
+            if not pending:
+                return [t.result() for t in tasks]
+            if request is not None and await request.is_disconnected():
+                raise ClientDisconnected()
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await shielded(asyncio.gather(*tasks, return_exceptions=True))

@@ -1,0 +1,177 @@
+"""POST /v1/chat/completions: messages -> chat template -> token ids -> one engine request -> OpenAI's shape.
+
+The template is --chat-template when given, else the tokenizer's own. Streaming sends a first chunk with
+the assistant role per choice, then content deltas, the finish reason, and (with
+stream_options.include_usage) a last chunk with no choices and the usage.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from server.errors import APIError, error_body
+from server.generation import (
+    ClientDisconnected,
+    check_model,
+    check_prompt_ids,
+    collect,
+    make_sampling_params,
+    merge,
+    shielded,
+    start_all,
+    tracked,
+)
+from server.logprobs import chat_logprobs
+from server.protocol import ChatRequest, get_int, parse_chat
+from server.state import ServerState
+from server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
+
+
+def render_chat(state: ServerState, req: ChatRequest) -> list[int]:
+    """Applies the chat template and tokenizes the result (the template adds the special tokens)."""
+    tok = state.tokenizer
+    template = state.chat_template or getattr(tok, "chat_template", None)
+    if not template:
+        raise APIError(
+            "this model has no chat template; start the server with --chat-template", param="messages"
+        )
+    try:
+        text = tok.apply_chat_template(
+            req.messages,
+            chat_template=template,
+            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+            continue_final_message=req.continue_final_message,
+            tokenize=False,
+            **req.chat_template_kwargs,
+        )
+    except APIError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a template that rejects the messages is the client's error
+        raise APIError(f"the chat template could not render these messages: {e}", param="messages") from None
+    return tok.encode(text, add_special_tokens=False)
+
+
+async def create_chat_completion(state: ServerState, body: dict, request) -> Response:
+    req = parse_chat(body)
+    model = check_model(req.common.model, state.served_names)
+    tok = state.tokenizer
+    ids = render_chat(state, req)
+    check_prompt_ids(ids, len(tok), "messages")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = make_sampling_params(
+        req.common, len(ids), state.max_model_len, logprobs=logprobs, prompt_param="messages"
+    )
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    stream = tracked(state.engine, ids, params, rid, state.metrics, get_int(body, "priority", 0))
+    (stream,) = await start_all([stream])
+    top_n = req.top_logprobs or 0
+
+    if not req.common.stream:
+        try:
+            (ro,) = await collect(request, [stream], state.disconnect_poll_s)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        choices, completion_tokens = [], 0
+        for o in sorted(ro.outputs, key=lambda o: o.index):
+            completion_tokens += len(o.token_ids)
+            lp = chat_logprobs(tok, list(o.token_ids), o.logprobs, top_n) if req.logprobs else None
+            choices.append(
+                {
+                    "index": o.index,
+                    "message": {"role": "assistant", "content": o.text},
+                    "logprobs": lp,
+                    "finish_reason": o.finish_reason,
+                }
+            )
+        prompt_tokens = len(ro.prompt_token_ids) or len(ids)
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
+
+    include_usage = req.common.include_usage
+
+    def chunk(choices: list[dict], usage=False) -> dict:
+        c = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
+        if include_usage:
+            c["usage"] = usage if usage is not False else None
+        return c
+
+    async def events():
+        deltas = ChoiceDeltas()
+        prompt_tokens, completion_tokens = len(ids), {}
+        merged = merge([stream])
+        try:
+            async for _, ro in merged:
+                prompt_tokens = len(ro.prompt_token_ids) or prompt_tokens
+                for o in ro.outputs:
+                    completion_tokens[o.index] = len(o.token_ids)
+                    d = deltas.update(o.index, o)
+                    if d is None:
+                        continue
+                    if d.first:
+                        yield sse(
+                            chunk(
+                                [
+                                    {
+                                        "index": o.index,
+                                        "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None,
+                                        "finish_reason": None,
+                                    }
+                                ]
+                            )
+                        )
+                    if not d.text and not d.token_ids and d.finish_reason is None:
+                        continue
+                    lp = chat_logprobs(tok, d.token_ids, d.logprobs, top_n) if req.logprobs else None
+                    delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+                    yield sse(
+                        chunk(
+                            [
+                                {
+                                    "index": o.index,
+                                    "delta": delta,
+                                    "logprobs": lp,
+                                    "finish_reason": d.finish_reason,
+                                }
+                            ]
+                        )
+                    )
+            if include_usage:
+                total = sum(completion_tokens.values())
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": total,
+                    "total_tokens": prompt_tokens + total,
+                }
+                yield sse(chunk([], usage))
+        except APIError as e:
+            yield sse(error_body(e.message, e.status, e.param, e.code))
+        except Exception as e:  # noqa: BLE001 - reported in-stream, the server keeps serving
+            yield sse(error_body(f"internal error: {e!r}", 500))
+        finally:
+            await shielded(merged.aclose())
+        yield DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

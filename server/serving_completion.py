@@ -1,0 +1,169 @@
+"""POST /v1/completions: prompts -> token ids -> one engine request per prompt -> OpenAI's response.
+
+Choice `i * n + j` is sample j of prompt i (as vLLM numbers them). Streaming sends each choice's new
+text as the engine produces it; `echo` prepends the prompt (and its logprobs when `logprobs` is set).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from server.errors import APIError, error_body
+from server.generation import (
+    ClientDisconnected,
+    check_model,
+    check_prompt_ids,
+    collect,
+    make_sampling_params,
+    merge,
+    shielded,
+    start_all,
+    tracked,
+)
+from server.logprobs import completion_logprobs
+from server.protocol import get_int, parse_completion
+from server.state import ServerState
+from server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def create_completion(state: ServerState, body: dict, request) -> Response:
+    req = parse_completion(body)
+    model = check_model(req.common.model, state.served_names)
+    tok = state.tokenizer
+    prompts: list[tuple[str, list[int]]] = []
+    for p in req.prompts:
+        if isinstance(p, str):
+            ids = tok.encode(p) if p else []
+            prompts.append((p, ids))
+        else:
+            check_prompt_ids(p, len(tok), "prompt")
+            prompts.append((tok.decode(p), p))
+    params = []
+    for _, ids in prompts:
+        check_prompt_ids(ids, len(tok), "prompt")
+        params.append(
+            make_sampling_params(
+                req.common,
+                len(ids),
+                state.max_model_len,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+            )
+        )
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    priority = get_int(body, "priority", 0)
+    streams = [
+        tracked(state.engine, ids, sp, f"{rid}-{i}", state.metrics, priority)
+        for i, ((_, ids), sp) in enumerate(zip(prompts, params, strict=True))
+    ]
+    streams = await start_all(streams)
+    n = req.common.sampling["n"]
+    top_n = req.logprobs or 0
+
+    if not req.common.stream:
+        try:
+            finals = await collect(request, streams, state.disconnect_poll_s)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        choices, prompt_tokens, completion_tokens = [], 0, 0
+        for i, ro in enumerate(finals):
+            prompt_text, prompt_ids = prompts[i]
+            prompt_tokens += len(ro.prompt_token_ids) or len(prompt_ids)
+            for o in sorted(ro.outputs, key=lambda o: o.index):
+                completion_tokens += len(o.token_ids)
+                text = (prompt_text + o.text) if req.echo else o.text
+                lp = None
+                if req.logprobs is not None:
+                    ids, positions = list(o.token_ids), o.logprobs
+                    if req.echo:
+                        pl = ro.prompt_logprobs or [None] * len(prompt_ids)
+                        ids = list(prompt_ids) + ids
+                        positions = list(pl) + list(positions or [{}] * len(o.token_ids))
+                    lp = completion_logprobs(tok, ids, positions, top_n)
+                choices.append(
+                    {"index": i * n + o.index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason}
+                )
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": _usage(prompt_tokens, completion_tokens),
+            }
+        )
+
+    include_usage = req.common.include_usage
+
+    async def events():
+        deltas = ChoiceDeltas()
+        offsets: dict[int, int] = {}
+        prompt_tokens: dict[int, int] = {}
+        completion_tokens: dict[int, int] = {}
+        merged = merge(streams)
+        try:
+            async for i, ro in merged:
+                prompt_text, prompt_ids = prompts[i]
+                prompt_tokens[i] = len(ro.prompt_token_ids) or len(prompt_ids)
+                for o in ro.outputs:
+                    index = i * n + o.index
+                    completion_tokens[index] = len(o.token_ids)
+                    d = deltas.update(index, o)
+                    if d is None:
+                        continue
+                    text, ids, positions = d.text, d.token_ids, d.logprobs
+                    if d.first and req.echo:
+                        text = prompt_text + text
+                        pl = ro.prompt_logprobs or [None] * len(prompt_ids)
+                        ids = list(prompt_ids) + ids
+                        positions = list(pl) + list(positions or [{}] * len(d.token_ids))
+                    lp = None
+                    if req.logprobs is not None:
+                        lp = completion_logprobs(tok, ids, positions, top_n, offsets.get(index, 0))
+                    offsets[index] = offsets.get(index, 0) + len(text)
+                    chunk = {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [
+                            {"index": index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}
+                        ],
+                    }
+                    if include_usage:
+                        chunk["usage"] = None
+                    yield sse(chunk)
+            if include_usage:
+                usage = _usage(sum(prompt_tokens.values()), sum(completion_tokens.values()))
+                yield sse(
+                    {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+        except APIError as e:
+            yield sse(error_body(e.message, e.status, e.param, e.code))
+        except Exception as e:  # noqa: BLE001 - reported in-stream, the server keeps serving
+            yield sse(error_body(f"internal error: {e!r}", 500))
+        finally:
+            await shielded(merged.aclose())
+        yield DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,33 @@
+"""What every handler needs, built once per app: the engine, its tokenizer, names, limits, metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from server.metrics import ServerMetrics
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: object  # AsyncLLMEngine or anything with its interface
+    served_names: list[str]  # the first is reported in responses
+    metrics: ServerMetrics
+    chat_template: str | None = None  # overrides the tokenizer's
+    api_key: str | None = None
+    max_request_body_bytes: int = 1 << 20
+    disconnect_poll_s: float = 0.5
+    stats_interval_s: float = 10.0
+    start_time: float = field(default_factory=time.time)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.served_names[0]
