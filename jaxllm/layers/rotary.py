@@ -1,0 +1,108 @@
+"""Rotary position embedding (RoPE) with the Hugging Face scaling variants.
+
+Host side: `rope_inv_freq(head_dim, theta, scaling, max_pos)` -> (f32[D/2] inverse frequencies,
+attention factor) for rope_type default / linear / llama3 / yarn (numpy, computed once per model).
+Device side: `apply_rotary(x, positions, inv_freq, attention_factor)` rotates [T, H, D] in float32 with
+the "rotate half" layout HF checkpoints use. Dynamic NTK scales the base per sequence from its context
+length (`dynamic_ntk_inv_freq`), matching HF, which recomputes frequencies from the longest position seen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _base_inv_freq(dim: int, theta: float) -> np.ndarray:
+    return 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+
+
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any], max_position_embeddings: int
+) -> tuple[np.ndarray, float]:
+    """(f32[D/2] inverse frequencies, cos/sin multiplier). Dynamic NTK returns the unscaled base here."""
+    dim = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
+    rope_type = scaling.get("rope_type", "default")
+    inv_freq = _base_inv_freq(dim, theta)
+    if rope_type in ("default", "dynamic"):
+        return inv_freq, 1.0
+    factor = float(scaling["factor"]) if scaling.get("factor") is not None else None
+    if rope_type == "linear":
+        return inv_freq / factor, 1.0
+    if rope_type == "llama3":
+        low_ff, high_ff = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wl, high_wl = old_len / low_ff, old_len / high_ff
+        wavelen = 2 * math.pi / inv_freq
+        out = np.where(wavelen > low_wl, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        return np.where(medium, smoothed, out).astype(np.float32), 1.0
+    if rope_type == "yarn":
+        orig = scaling["original_max_position_embeddings"]
+        if factor is None:
+            factor = max_position_embeddings / orig
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attn = scaling.get("attention_factor")
+        if attn is None:
+            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attn = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
+        beta_fast = scaling.get("beta_fast") or 32
+        beta_slow = scaling.get("beta_slow") or 1
+
+        def corr_dim(rot: float) -> float:
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
+
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+        extrap = 1 - ramp
+        pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extrap) + (1.0 / pos_freqs) * extrap
+        return inv.astype(np.float32), float(attn)
+    raise ValueError(f"rope_type={rope_type!r} is not supported")
+
+
+def dynamic_ntk_inv_freq(
+    seq_lens: jax.Array,  # i32[T] context length of each token's sequence
+    head_dim: int,
+    theta: float,
+    factor: float,
+    max_position_embeddings: int,
+) -> jax.Array:  # f32[T, D/2]
+    dim = head_dim
+    seq = jnp.maximum(seq_lens, max_position_embeddings).astype(jnp.float32)
+    base = theta * ((factor * seq / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+    exps = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
+    return 1.0 / (base[:, None] ** exps[None, :])
+
+
+def apply_rotary(
+    x: jax.Array,  # [T, H, D]
+    positions: jax.Array,  # i32[T]
+    inv_freq: jax.Array,  # f32[D/2] or f32[T, D/2]
+    attention_factor: float = 1.0,
+) -> jax.Array:  # [T, H, D], x.dtype
+    inv_freq = jnp.asarray(inv_freq, jnp.float32)
+    if inv_freq.ndim == 1:
+        inv_freq = inv_freq[None, :]
+    freqs = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [T, D]
+    cos = (jnp.cos(emb) * attention_factor)[:, None, :]
+    sin = (jnp.sin(emb) * attention_factor)[:, None, :]
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)

@@ -1,0 +1,169 @@
+"""`load_model(spec)`: resolve where the model comes from, build the module, fill its params.
+
+  spec.model None      -> embedded GGUF (SmolLM2-135M-Instruct)
+  "*.gguf" file        -> gguf_loader (dequantized)         } with spec.checkpoint_dir: restore the orbax
+  folder with config   -> safetensors_loader                } cache if it matches, else convert and save
+  preset name + dummy  -> dummy (random, on device)
+-> LoadedModel(module, params, arch, tokenizer, ...). Load times are logged on logger "jaxllm".
+
+dtype "auto": the checkpoint's torch_dtype (bfloat16/float16 kept as is); float32 checkpoints and
+dequantized GGUF weights stay float32 on the CPU and become bfloat16 on an accelerator (what a vLLM user
+gets: half precision on the GPU). An explicit dtype always wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxllm.config import ModelSpec
+from jaxllm.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from jaxllm.loader.checkpoint import CheckpointCache
+from jaxllm.loader.dummy import dummy_params
+from jaxllm.loader.params_builder import ShardingFn
+from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.presets import PRESETS, get_preset
+from jaxllm.models.registry import abstract_params, build_model
+
+logger = logging.getLogger("jaxllm")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    module: nn.Module
+    params: Any  # nested dict of jax.Array (see the model file docstring for the tree)
+    arch: ModelArchConfig
+    tokenizer: Any  # transformers tokenizer, or None for a dummy preset without spec.tokenizer
+    model_name: str
+    source: str  # file, folder or preset name the weights came from
+    load_time_s: float
+    from_cache: bool  # True when restored from the orbax cache (spec.checkpoint_dir)
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return jax.tree.leaves(self.params)[0].dtype
+
+
+def resolve_dtype(requested: str, checkpoint_dtype: str) -> jnp.dtype:
+    if requested != "auto":
+        return jnp.dtype(requested)
+    if checkpoint_dtype in ("bfloat16", "float16"):
+        return jnp.dtype(checkpoint_dtype)
+    return jnp.dtype("float32" if jax.default_backend() == "cpu" else "bfloat16")
+
+
+def _source_kind(spec: ModelSpec) -> tuple[str, str]:
+    """(kind, path): kind in gguf / hf / dummy."""
+    model = spec.model if spec.model is not None else embedded_model_path()
+    if spec.load_format == "dummy":
+        if model in PRESETS:
+            return "dummy", model
+        if os.path.isdir(model):
+            return "dummy", model
+        raise ValueError(
+            f"load_format='dummy' needs a preset ({', '.join(sorted(PRESETS))}) or an HF folder, got {model!r}"
+        )
+    if model in PRESETS:
+        raise ValueError(f"{model!r} is a random-weight preset: use load_format='dummy' with it")
+    if model.endswith(".gguf") or spec.load_format == "gguf":
+        if not os.path.isfile(model):
+            raise FileNotFoundError(f"GGUF file {model} does not exist")
+        return "gguf", model
+    if os.path.isdir(model):
+        return "hf", model
+    raise FileNotFoundError(
+        f"model {model!r} is neither an existing folder, a .gguf file, nor a preset ({', '.join(sorted(PRESETS))}); "
+        "models cannot be downloaded here"
+    )
+
+
+def _model_name(spec: ModelSpec, path: str) -> str:
+    if spec.served_model_name:
+        return spec.served_model_name
+    if spec.model is None:
+        return EMBEDDED_MODEL_NAME
+    return os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
+
+
+def load_model(
+    spec: ModelSpec, attn_backend: str = "reference", sharding_fn: ShardingFn | None = None
+) -> LoadedModel:
+    """`sharding_fn(path, ShapeDtypeStruct) -> Sharding` optionally places each parameter as it loads."""
+    from jaxllm.loader.gguf_loader import gguf_hf_config, load_gguf_params, open_gguf
+    from jaxllm.loader.safetensors_loader import load_safetensors_params, read_hf_config
+    from jaxllm.tokenizer import load_tokenizer
+
+    start = time.perf_counter()
+    kind, path = _source_kind(spec)
+    reader = None
+    if kind == "gguf":
+        reader = open_gguf(path)
+        hf_config = gguf_hf_config(reader, path)
+    elif kind == "hf" or os.path.isdir(path):
+        hf_config = read_hf_config(path)
+    else:
+        hf_config = get_preset(path)
+    arch = ModelArchConfig.from_hf(hf_config)
+    module = build_model(arch, attn_backend)
+    dtype = resolve_dtype(spec.dtype, arch.dtype)
+    abstract = abstract_params(module, dtype)
+
+    from_cache = False
+    cache = None
+    if spec.checkpoint_dir and kind != "dummy":
+        cache = CheckpointCache(spec.checkpoint_dir, path, dtype.name, arch.architecture)
+    if spec.load_format == "orbax" and (cache is None or not cache.valid()):
+        raise ValueError(
+            f"load_format='orbax' needs checkpoint_dir with a cache converted from {path}; "
+            "load once with load_format='auto' and checkpoint_dir set"
+        )
+    if kind == "dummy":
+        params = dummy_params(abstract, spec.seed, sharding_fn)
+    elif cache is not None and cache.valid():
+        params = cache.restore(_with_shardings(abstract, sharding_fn))
+        from_cache = True
+    elif kind == "gguf":
+        params = load_gguf_params(reader, path, arch, hf_config["gguf_architecture"], abstract, sharding_fn)
+    else:
+        params = load_safetensors_params(path, arch, abstract, sharding_fn)
+    jax.block_until_ready(params)
+    convert_s = time.perf_counter() - start
+    if cache is not None and not from_cache:
+        save_start = time.perf_counter()
+        cache.save(params)
+        logger.info(
+            "saved converted params to %s in %.2f s", spec.checkpoint_dir, time.perf_counter() - save_start
+        )
+
+    tokenizer = None
+    tok_path = spec.tokenizer or (path if kind != "dummy" or os.path.isdir(path) else None)
+    if tok_path is not None:
+        tokenizer = load_tokenizer(tok_path, spec.chat_template)
+    load_time = time.perf_counter() - start
+    logger.info(
+        "loaded %s (%s, %s, %s) in %.2f s (weights %.2f s%s)",
+        _model_name(spec, path), arch.architecture, kind, dtype.name, load_time, convert_s,
+        ", restored from orbax cache" if from_cache else "",
+    )  # fmt: skip
+    return LoadedModel(module, params, arch, tokenizer, _model_name(spec, path), path, load_time, from_cache)
+
+
+def _with_shardings(abstract: dict, sharding_fn: ShardingFn | None) -> dict:
+    from flax import traverse_util
+
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    flat = traverse_util.flatten_dict(abstract)
+    out = {
+        k: jax.ShapeDtypeStruct(
+            v.shape, v.dtype, sharding=sharding_fn("/".join(k), v) if sharding_fn else default
+        )
+        for k, v in flat.items()
+    }
+    return traverse_util.unflatten_dict(out)

@@ -1,0 +1,74 @@
+"""Hugging Face folder -> (ModelArchConfig, params): config.json plus one or many *.safetensors.
+
+Each file is opened with `safe_open(framework="flax")` and read tensor by tensor: a tensor lands on the
+device, is cast/transposed there and placed by ParamsBuilder; only one checkpoint tensor is alive at a
+time besides the growing params tree, so the weights are never held twice.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import jax.numpy as jnp
+from safetensors import safe_open
+
+from jaxllm.loader.names import hf_name_mapper
+from jaxllm.loader.params_builder import ParamsBuilder, ShardingFn
+from jaxllm.models.config import ModelArchConfig
+
+
+def read_hf_config(folder: str) -> dict:
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder} has no config.json; expected a Hugging Face model folder")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def safetensors_files(folder: str) -> list[str]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+        for path in files:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path} is listed in {index} but missing")
+        return files
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{folder} has no *.safetensors weight files")
+    return files
+
+
+def load_safetensors_params(
+    folder: str, arch: ModelArchConfig, abstract: dict, sharding_fn: ShardingFn | None = None
+) -> dict:
+    builder = ParamsBuilder(abstract, folder, sharding_fn)
+    mapper = hf_name_mapper(arch)
+    for path in safetensors_files(folder):
+        try:
+            handle = safe_open(path, framework="flax")
+        except Exception as e:  # the library raises its own error types for truncated/corrupt headers
+            raise ValueError(f"cannot read weight file {path}: {e}") from None
+        with handle as f:
+            for name in f.keys():
+                mapped = mapper(name, arch)
+                if mapped is None:
+                    continue
+                try:
+                    x = f.get_tensor(name)
+                except Exception as e:
+                    raise ValueError(f"cannot read tensor {name!r} from {path}: {e}") from None
+                builder.put(mapped[0], x, transpose=mapped[1], tensor_name=f"{os.path.basename(path)}:{name}")
+                del x
+    return builder.finish()
+
+
+def checkpoint_dtype(arch: ModelArchConfig) -> jnp.dtype:
+    return jnp.dtype(arch.dtype if arch.dtype in ("bfloat16", "float16", "float32") else "float32")

@@ -1,0 +1,145 @@
+"""`ModelArchConfig`: the architecture facts a model needs, read once from a Hugging Face config.
+
+hf config (PretrainedConfig or dict, old `rope_scaling`/`rope_theta` or new `rope_parameters` form)
+  -> `ModelArchConfig.from_hf` -> frozen dataclass (hashable: it is a static field of the Flax module).
+GGUF metadata is first translated to an HF-style dict by jaxllm/loader/gguf_loader.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+def _as_dict(hf_config: Any) -> dict[str, Any]:
+    if isinstance(hf_config, dict):
+        return dict(hf_config)
+    if hasattr(hf_config, "to_dict"):
+        return hf_config.to_dict()
+    raise ValueError(f"hf_config must be a dict or a transformers PretrainedConfig, got {type(hf_config)}")
+
+
+def _rope_params(cfg: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...]]:
+    """(rope_theta, sorted scaling items) from either config form; rope_type 'default' means no scaling."""
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = dict(cfg.get("rope_scaling") or {})
+    merged = {**scaling, **params}
+    theta = float(merged.pop("rope_theta", cfg.get("rope_theta", 10000.0)) or 10000.0)
+    rope_type = merged.get("rope_type", merged.get("type", "default")) or "default"
+    merged.pop("type", None)
+    merged["rope_type"] = rope_type
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope_type={rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+
+    def freeze(v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v
+
+    return theta, tuple(sorted((k, freeze(v)) for k, v in merged.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArchConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    dtype: str  # the checkpoint's torch_dtype, e.g. "bfloat16"
+    # Llama family (Llama, Mistral, Qwen2, Qwen3)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] = (("rope_type", "default"),)
+    attention_bias: bool = False  # bias on q/k/v (Qwen2, some Llamas)
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3)
+    sliding_window: int | None = None
+    hidden_act: str = "silu"
+    # OPT
+    do_layer_norm_before: bool = True
+    word_embed_proj_dim: int | None = None
+    enable_bias: bool = True
+    layer_norm_elementwise_affine: bool = True
+    final_layer_norm: bool = True
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+
+    @property
+    def rope(self) -> dict[str, Any]:
+        return dict(self.rope_scaling)
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> ModelArchConfig:
+        cfg = _as_dict(hf_config)
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ValueError("config has no 'architectures' entry; cannot tell which model to build")
+        arch = archs[0]
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+        dtype = str(dtype).removeprefix("torch.")
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg.get("num_attention_heads"))
+        common = dict(
+            architecture=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            dtype=dtype,
+        )
+        if arch == "OPTForCausalLM":
+            proj = cfg.get("word_embed_proj_dim") or hidden
+            return cls(
+                **common,
+                intermediate_size=int(cfg["ffn_dim"]),
+                num_kv_heads=heads,
+                head_dim=hidden // heads,
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                hidden_act=cfg.get("activation_function", "relu"),
+                do_layer_norm_before=bool(cfg.get("do_layer_norm_before", True)),
+                word_embed_proj_dim=int(proj),
+                enable_bias=bool(cfg.get("enable_bias", True)),
+                layer_norm_elementwise_affine=bool(cfg.get("layer_norm_elementwise_affine", True)),
+                final_layer_norm=bool(cfg.get("do_layer_norm_before", True))
+                and not bool(cfg.get("_remove_final_layer_norm", False)),
+            )
+        theta, scaling = _rope_params(cfg)
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        return cls(
+            **common,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            attention_bias=is_qwen2 or bool(cfg.get("attention_bias", False)),
+            o_proj_bias=bool(cfg.get("attention_bias", False)) and not is_qwen2,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+            hidden_act=cfg.get("hidden_act", "silu"),
+        )

@@ -1,0 +1,179 @@
+"""Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2, Qwen3) as a functional Flax linen module.
+
+Data flow of `__call__(input_ids, kv_caches, md)`:
+  input_ids i32[T] -> embed_tokens -> for each layer (unrolled Python loop, one param subtree each):
+    x + attn(input_norm(x))       q/k/v proj -> [q/k RMSNorm per head] -> rotary(md.positions) ->
+                                  layers.attention.paged_attention (writes K/V into the layer's pages)
+    x + mlp(post_attn_norm(x))    down(silu(gate(x)) * up(x))
+  -> norm -> hidden [T, H]; also returns the list of updated (k_pages, v_pages).
+`compute_logits(hidden_rows [N, H])` -> f32[N, V] (lm_head, or embed_tokens transposed when tied).
+
+Parameter tree (kernels are [in, out]; H hidden, Nq/Nkv heads, D head dim, I intermediate, V vocab):
+  embed_tokens/embedding            [V, H]       (vocab-parallel)
+  layers_{i}/input_norm/scale       [H]
+  layers_{i}/attn/q_proj/kernel     [H, Nq*D]    (+ bias [Nq*D] for Qwen2 / attention_bias; column-parallel)
+  layers_{i}/attn/k_proj/kernel     [H, Nkv*D]   (+ bias; column-parallel)
+  layers_{i}/attn/v_proj/kernel     [H, Nkv*D]   (+ bias; column-parallel)
+  layers_{i}/attn/o_proj/kernel     [Nq*D, H]    (row-parallel)
+  layers_{i}/attn/q_norm/scale      [D]          (Qwen3 only)
+  layers_{i}/attn/k_norm/scale      [D]          (Qwen3 only)
+  layers_{i}/post_attn_norm/scale   [H]
+  layers_{i}/mlp/gate_proj/kernel   [H, I]       (column-parallel)
+  layers_{i}/mlp/up_proj/kernel     [H, I]       (column-parallel)
+  layers_{i}/mlp/down_proj/kernel   [I, H]       (row-parallel)
+  norm/scale                        [H]
+  lm_head/kernel                    [H, V]       (absent when tie_word_embeddings; vocab-parallel)
+Compute runs in the params' dtype; norm statistics, rotary and softmax in float32.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxllm.layers.attention import paged_attention
+from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
+from jaxllm.layers.norm import RMSNorm
+from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_freq
+from jaxllm.models.config import ModelArchConfig
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu": jax.nn.gelu,
+    "relu": jax.nn.relu,
+    "gelu_pytorch_tanh": jax.nn.gelu,
+}
+
+
+def sequence_lengths(md: AttentionMetadata, num_tokens: int) -> jax.Array:  # i32[T]
+    """Context length of the sequence each token belongs to (0 for padding rows)."""
+    rows = jnp.arange(num_tokens, dtype=jnp.int32)
+    s = md.kv_lens.shape[0]
+    seq_of = jnp.minimum(jnp.searchsorted(md.cu_q_lens[1:], rows, side="right"), s - 1)
+    return md.kv_lens[seq_of]
+
+
+def tied_or_head_logits(
+    hidden: jax.Array, embedding: jax.Array | None, kernel: jax.Array | None
+) -> jax.Array:
+    """f32[N, V]: hidden [N, H] times lm_head [H, V] (or embedding [V, H] transposed), f32 accumulation."""
+    if kernel is not None:
+        return jnp.einsum(
+            "nh,hv->nv", hidden.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32
+        )
+    return jnp.einsum(
+        "nh,vh->nv", hidden.astype(embedding.dtype), embedding, preferred_element_type=jnp.float32
+    )
+
+
+class LlamaAttention(nn.Module):
+    arch: ModelArchConfig
+    attn_backend: str = "reference"
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,  # [T, H]
+        kv_cache: KVCache,  # ([Nkv, P, PS, D], [Nkv, P, PS, D])
+        md: AttentionMetadata,
+        inv_freq: jax.Array,  # f32[D/2] or f32[T, D/2]
+        attention_factor: float,
+    ) -> tuple[jax.Array, KVCache]:
+        a = self.arch
+        t = x.shape[0]
+        q = nn.Dense(a.num_heads * a.head_dim, use_bias=a.attention_bias, name="q_proj")(x)
+        k = nn.Dense(a.num_kv_heads * a.head_dim, use_bias=a.attention_bias, name="k_proj")(x)
+        v = nn.Dense(a.num_kv_heads * a.head_dim, use_bias=a.attention_bias, name="v_proj")(x)
+        q = q.reshape(t, a.num_heads, a.head_dim)
+        k = k.reshape(t, a.num_kv_heads, a.head_dim)
+        v = v.reshape(t, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q = RMSNorm(a.head_dim, a.rms_norm_eps, name="q_norm")(q)
+            k = RMSNorm(a.head_dim, a.rms_norm_eps, name="k_norm")(k)
+        q = apply_rotary(q, md.positions, inv_freq, attention_factor)
+        k = apply_rotary(k, md.positions, inv_freq, attention_factor)
+        out, kv_cache = paged_attention(
+            q, k, v, kv_cache, md,
+            sm_scale=a.head_dim**-0.5, backend=self.attn_backend, sliding_window=a.sliding_window,
+        )  # fmt: skip
+        out = nn.Dense(a.hidden_size, use_bias=a.o_proj_bias, name="o_proj")(out.reshape(t, -1))
+        return out, kv_cache
+
+
+class LlamaMLP(nn.Module):
+    arch: ModelArchConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [T, H] -> [T, H]
+        a = self.arch
+        act = ACTIVATIONS[a.hidden_act]
+        gate = nn.Dense(a.intermediate_size, use_bias=a.mlp_bias, name="gate_proj")(x)
+        up = nn.Dense(a.intermediate_size, use_bias=a.mlp_bias, name="up_proj")(x)
+        return nn.Dense(a.hidden_size, use_bias=a.mlp_bias, name="down_proj")(act(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    arch: ModelArchConfig
+    attn_backend: str = "reference"
+
+    @nn.compact
+    def __call__(self, x, kv_cache, md, inv_freq, attention_factor):  # x: [T, H]
+        a = self.arch
+        h, kv_cache = LlamaAttention(a, self.attn_backend, name="attn")(
+            RMSNorm(a.hidden_size, a.rms_norm_eps, name="input_norm")(x),
+            kv_cache,
+            md,
+            inv_freq,
+            attention_factor,
+        )
+        x = x + h
+        x = x + LlamaMLP(a, name="mlp")(RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x))
+        return x, kv_cache
+
+
+class LlamaForCausalLM(nn.Module):
+    arch: ModelArchConfig
+    attn_backend: str = "reference"
+
+    def setup(self) -> None:
+        a = self.arch
+        self.embed_tokens = nn.Embed(a.vocab_size, a.hidden_size)
+        self.layers = [LlamaDecoderLayer(a, self.attn_backend) for _ in range(a.num_layers)]
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        if not a.tie_word_embeddings:
+            self.lm_head = nn.Dense(a.vocab_size, use_bias=False)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,  # i32[T]
+        kv_caches: list[KVCache],  # per layer ([Nkv, P, PS, D], [Nkv, P, PS, D])
+        md: AttentionMetadata,
+    ) -> tuple[jax.Array, list[KVCache]]:  # ([T, H], updated caches)
+        a = self.arch
+        rope = a.rope
+        inv_freq, attention_factor = rope_inv_freq(a.head_dim, a.rope_theta, rope, a.max_position_embeddings)
+        inv_freq = jnp.asarray(inv_freq)
+        if rope["rope_type"] == "dynamic":
+            seq_lens = sequence_lengths(md, input_ids.shape[0])
+            inv_freq = dynamic_ntk_inv_freq(
+                seq_lens, a.head_dim, a.rope_theta, float(rope["factor"]), a.max_position_embeddings
+            )
+        x = self.embed_tokens(input_ids)
+        new_caches = []
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x, kv_cache = layer(x, kv_cache, md, inv_freq, attention_factor)
+            new_caches.append(kv_cache)
+        return self.norm(x), new_caches
+
+    def init_all(self, input_ids, kv_caches, md):
+        """For `init`/`eval_shape`: touches every parameter (the forward pass and the head)."""
+        hidden, _ = self(input_ids, kv_caches, md)
+        return self.compute_logits(hidden)
+
+    def compute_logits(self, hidden: jax.Array) -> jax.Array:  # [N, H] -> f32[N, V]
+        if self.is_initializing() and not self.arch.tie_word_embeddings:
+            self.lm_head(hidden)  # creates the lm_head params
+        if self.arch.tie_word_embeddings:
+            return tied_or_head_logits(hidden, self.embed_tokens.embedding, None)
+        return tied_or_head_logits(hidden, None, self.lm_head.variables["params"]["kernel"])

@@ -1,0 +1,63 @@
+"""Architecture name (HF `architectures[0]`) -> Flax module class, and the abstract parameter tree.
+
+`build_model(arch, attn_backend)` returns the module; `abstract_params(module, dtype)` returns the
+pytree of `jax.ShapeDtypeStruct` every loader fills (and checks shapes against) without allocating.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxllm.layers.attention_metadata import AttentionMetadata
+from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.llama import LlamaForCausalLM
+from jaxllm.models.opt import OPTForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+    "OPTForCausalLM": OPTForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    if architecture not in MODEL_REGISTRY:
+        raise ValueError(
+            f"architecture {architecture!r} is not supported; supported: {', '.join(supported_architectures())}"
+        )
+    return MODEL_REGISTRY[architecture]
+
+
+def build_model(arch: ModelArchConfig, attn_backend: str = "reference") -> nn.Module:
+    return get_model_class(arch.architecture)(arch=arch, attn_backend=attn_backend)
+
+
+def dummy_inputs(arch: ModelArchConfig, num_tokens: int = 1, num_blocks: int = 1, block_size: int = 1):
+    """(input_ids, kv_caches, md) of the smallest shapes, for init/eval_shape."""
+    kv = jnp.zeros((arch.num_kv_heads, num_blocks, block_size, arch.head_dim), jnp.float32)
+    md = AttentionMetadata(
+        positions=jnp.zeros((num_tokens,), jnp.int32),
+        slot_mapping=jnp.zeros((num_tokens,), jnp.int32),
+        block_tables=jnp.zeros((1, 1), jnp.int32),
+        kv_lens=jnp.ones((1,), jnp.int32),
+        cu_q_lens=jnp.array([0, num_tokens], jnp.int32),
+        num_seqs=jnp.ones((1,), jnp.int32),
+    )
+    return jnp.zeros((num_tokens,), jnp.int32), [(kv, kv)] * arch.num_layers, md
+
+
+def abstract_params(module: nn.Module, dtype: jnp.dtype) -> dict:
+    """Pytree of ShapeDtypeStruct (every leaf in `dtype`) with the module's parameter paths."""
+    ids, caches, md = dummy_inputs(module.arch)
+    shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), ids, caches, md, method="init_all"))[
+        "params"
+    ]
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(dtype)), shapes)
