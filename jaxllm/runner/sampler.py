@@ -1,16 +1,16 @@
 """Device side of sampling: logits f32[S, V] + `SamplingMetadata` -> token ids (and logprobs), jittable.
 
 Order of the logits processing (vLLM v1's):
-  1. penalties (mode.do_penalties): repetition over prompt + generated ids, then frequency and presence
+  1. penalties (flags.do_penalties): repetition over prompt + generated ids, then frequency and presence
      over generated ids only (OpenAI semantics);
   2. min_tokens suppression: listed ids get -inf;
   -> greedy rows take the argmax here (penalties and suppression still apply to them);
-  3. temperature; 4. min_p (mode.do_min_p, no sort: compared in log space against the row's max);
-  5. top-k then top-p (mode.do_top_k_top_p: the only V-wide sort);
+  3. temperature; 4. min_p (no sort: compared in log space against the row's max; a no-op at 0);
+  5. top-k then top-p (flags.do_top_k_top_p: the only V-wide sort);
   6. one categorical draw per row with key fold_in(PRNGKey(sampling_seed), k) (Gumbel-max via vmap).
-A batch where every row is greedy (mode.all_greedy) never builds keys nor sorts: it is an argmax.
+A batch where every row is greedy (flags.all_greedy) never builds keys nor sorts: it is an argmax.
 
-Logprobs (mode.num_logprobs >= 0) describe the model's distribution, log_softmax of the raw logits
+Logprobs (flags.num_logprobs >= 0) describe the model's distribution, log_softmax of the raw logits
 before any processing (vLLM's default "raw_logprobs"): the sampled token's logprob and 1-based rank,
 then the top-N. Column 0 is the sampled token, columns 1..N the top-N, matching
 `runner_output.TokenLogprobs`.
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxllm.runner.sampling_metadata import SamplingMetadata, SamplingMode
+from jaxllm.runner.sampling_metadata import SamplerFlags, SamplingMetadata
 from jaxllm.runner_output import TokenLogprobs
 
 _NEG_INF = -jnp.inf
@@ -35,10 +35,10 @@ _NEG_INF = -jnp.inf
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class SamplerOutput:
-    sampled_token_ids: jax.Array  # i32[S]
-    logprob_token_ids: jax.Array | None = None  # i32[S, 1 + N] sampled id, then the top-N ids
+    token_ids: jax.Array  # i32[S]
+    logprob_ids: jax.Array | None = None  # i32[S, 1 + N] sampled id, then the top-N ids
     logprobs: jax.Array | None = None  # f32[S, 1 + N]
-    logprob_ranks: jax.Array | None = None  # i32[S, 1 + N] 1-based ranks
+    ranks: jax.Array | None = None  # i32[S, 1 + N] 1-based ranks
 
 
 def row_keys(
@@ -145,11 +145,11 @@ def sample(
     logits: jax.Array,  # f32[S, V] (any float dtype; computed in f32)
     md: SamplingMetadata,
     *,
-    mode: SamplingMode,  # static
+    flags: SamplerFlags,  # static
 ) -> SamplerOutput:
     raw = logits.astype(jnp.float32)
     x = raw
-    if mode.do_penalties:
+    if flags.do_penalties:
         x = apply_penalties(
             x,
             md.history_ids,
@@ -160,26 +160,25 @@ def sample(
         )
     x = apply_suppression(x, md.suppress_ids)
     ids = jnp.argmax(x, axis=-1).astype(jnp.int32)
-    if not mode.all_greedy:
+    if not flags.all_greedy:
         x = x / md.temperature[:, None]
-        if mode.do_min_p:
-            x = apply_min_p(x, md.min_p)
-        if mode.do_top_k_top_p:
+        x = apply_min_p(x, md.min_p)  # no sort: one max and a compare, no flag needed
+        if flags.do_top_k_top_p:
             x = apply_top_k_top_p(x, md.top_k, md.top_p)
         keys = row_keys(md.key_data, md.step)
         drawn = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
         ids = jnp.where(md.is_greedy, ids, drawn)
-    if mode.num_logprobs < 0:
+    if flags.num_logprobs < 0:
         return SamplerOutput(ids)
-    lp_ids, lps, ranks = _logprobs(raw, ids, mode.num_logprobs)
+    lp_ids, lps, ranks = _logprobs(raw, ids, flags.num_logprobs)
     return SamplerOutput(ids, lp_ids, lps, ranks)
 
 
-sample_jit = jax.jit(sample, static_argnames=("mode",))
+sample_jit = jax.jit(sample, static_argnames=("flags",))
 
 
 def row_token_logprobs(
-    token_ids: np.ndarray,  # i32[S, 1 + N] (host copy of SamplerOutput.logprob_token_ids)
+    token_ids: np.ndarray,  # i32[S, 1 + N] (host copy of SamplerOutput.logprob_ids)
     logprobs: np.ndarray,  # f32[S, 1 + N]
     ranks: np.ndarray,  # i32[S, 1 + N]
     row: int,

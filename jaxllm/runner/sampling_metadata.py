@@ -1,27 +1,31 @@
 """Host side of sampling: a batch of requests' `SamplingParams` -> fixed-shape arrays for `sampler.sample`.
 
-Data flow: the runner lists one `SamplingRow` per request it samples for this step (in row order),
-calls `build_sampling_metadata(rows, num_rows_padded, vocab_size)` and gets
-  - `SamplingMetadata`: numpy arrays of static shape (padded to S rows), passed into the jitted step;
-  - `SamplingMode`: hashable flags, passed as the static `mode` argument of `sampler.sample`, so a batch
-    without penalties / top-k / top-p / min-p / logprobs compiles (and runs) a program without them.
+Data flow: the runner lists one `SamplingRow` per scheduled request in row order (None for a request
+that samples nothing this step), then
+  - `build_sampling_metadata(rows, num_rows_padded, vocab_size)` -> `SamplingMetadata`: numpy arrays
+    of static shape (padded to S rows), passed into the jitted sampler;
+  - `SamplerFlags.for_rows(rows, max_logprobs)` -> hashable flags, the static `flags` argument of
+    `sampler.sample`, so a batch without penalties / top-k / top-p / logprobs runs a program without
+    them. `SamplerFlags.all_variants` lists every program, for compiling ahead.
 
 Dimension letters: S padded rows, H token-history width, K suppressed ids per row.
 
 Randomness: row r draws its k-th generated token (k = len(output_token_ids)) with
-`fold_in(PRNGKey(sampling_seed), k)`; the folding happens on the device (sampler.row_keys), the host only
+`fold_in(PRNGKey(seed), k)`; the folding happens on the device (sampler.row_keys), the host only
 splits the 64-bit seed into the two u32 words of a threefry key, which is what PRNGKey(seed) does.
 
-Token history (only built when some row uses a penalty): prompt + output ids of each row, -1 padded,
-with a flag marking the generated ones. Its width H is static: by default the next power of two of the
-longest history (at least 64), so a serving process compiles O(log max_model_len) variants; pass
-`history_width=max_model_len` to compile a single one at the cost of a wider array.
+Token history (built only when some row uses a penalty; otherwise H = 0, nothing to transfer): prompt
++ output ids of each row, -1 padded, with a flag marking the generated ones. H is static: by default
+the next power of two of the longest history (at least 64), so a server compiles O(log max_model_len)
+penalty programs per row bucket; pass `history_width=max_model_len` for a single, wider one.
+min_tokens suppression lists at most K ids per row, K the next power of two of the longest list, at
+least 8 (one shape unless a request lists more than 8 stop_token_ids).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import jax
 import numpy as np
@@ -42,40 +46,87 @@ class SamplingRow:
     """What the sampler needs of one request (the runner builds it from a `Request`)."""
 
     params: SamplingParams
-    sampling_seed: int
+    seed: int  # the request's sampling_seed
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
-    eos_token_ids: tuple[int, ...] = ()
+    eos_token_id: int | Sequence[int] | None = None
 
     def __post_init__(self) -> None:
-        if not 0 <= self.sampling_seed < 2**64:
-            raise ValueError(f"sampling_seed={self.sampling_seed} must be in [0, 2**64)")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed={self.seed} must be in [0, 2**64)")
 
     @classmethod
     def from_request(cls, request) -> SamplingRow:
-        eos = () if request.eos_token_id is None else (request.eos_token_id,)
         return cls(
             request.sampling_params,
             request.sampling_seed,
             request.prompt_token_ids,
             request.output_token_ids,
-            eos,
+            request.eos_token_id,
         )
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        if self.eos_token_id is None:
+            return []
+        if isinstance(self.eos_token_id, int):
+            return [self.eos_token_id]
+        return list(self.eos_token_id)
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingMode:
-    """Static switches of the compiled sampler (hashable: a jit static argument)."""
+class SamplerFlags:
+    """Static switches of the compiled sampler (hashable: a jit static argument).
 
-    all_greedy: bool = True  # no row draws at random: skip keys, temperature, filters
+    Canonical: a greedy-only batch never sets `do_top_k_top_p`, so `all_variants` lists every program a
+    server can need (12 for one logprobs width)."""
+
+    all_greedy: bool = True  # no row draws at random: no keys, temperature or filters
     do_penalties: bool = False  # some row has a presence/frequency/repetition penalty
-    do_top_k_top_p: bool = False  # some random row needs the V-wide sort
-    do_min_p: bool = False  # some random row has min_p > 0
-    num_logprobs: int = -1  # -1: no logprobs; N >= 0: sampled token + top-N (max N in the batch)
+    do_top_k_top_p: bool = False  # some random row has top_k or top_p: the V-wide sort
+    num_logprobs: int = -1  # -1: no logprobs; N >= 0: the sampled token's + the top-N
 
     def __post_init__(self) -> None:
         if not -1 <= self.num_logprobs <= 20:
             raise ValueError(f"num_logprobs={self.num_logprobs} must be in [-1, 20]")
+        if self.all_greedy and self.do_top_k_top_p:
+            raise ValueError("do_top_k_top_p=True needs all_greedy=False (greedy rows never sort)")
+
+    @classmethod
+    def for_rows(
+        cls,
+        rows: Sequence[SamplingRow | None],
+        max_logprobs: int | None = None,
+        vocab_size: int | None = None,
+    ) -> SamplerFlags:
+        """The flags a batch needs. num_logprobs is `max_logprobs` when any row asks for logprobs (one
+        width, fewer programs), or the batch's largest N when `max_logprobs` is None. With `vocab_size`,
+        a top_k >= vocab_size does not count as a filter (build_sampling_metadata turns it off)."""
+        big = vocab_size if vocab_size is not None else 2**62
+        real = [r for r in rows if r is not None]
+        random_rows = [r.params for r in real if not r.params.greedy]
+        asked = [r.params.logprobs for r in real if r.params.logprobs is not None]
+        num_logprobs = -1
+        if asked:
+            num_logprobs = max(asked) if max_logprobs is None else max_logprobs
+            if num_logprobs < max(asked):
+                raise ValueError(f"max_logprobs={max_logprobs} must be >= the logprobs asked ({max(asked)})")
+        return cls(
+            all_greedy=not random_rows,
+            do_penalties=any(r.params.uses_penalties for r in real),
+            do_top_k_top_p=any(0 < p.top_k < big or p.top_p < 1.0 for p in random_rows),
+            num_logprobs=num_logprobs,
+        )
+
+    @classmethod
+    def all_variants(cls, max_logprobs: int) -> list[SamplerFlags]:
+        out = []
+        for all_greedy in (True, False):
+            for do_penalties in (False, True):
+                for do_top_k_top_p in (False, True) if not all_greedy else (False,):
+                    for num_logprobs in (-1, max_logprobs):
+                        out.append(cls(all_greedy, do_penalties, do_top_k_top_p, num_logprobs))
+        return out
 
 
 @jax.tree_util.register_dataclass
@@ -88,12 +139,12 @@ class SamplingMetadata:
     presence_penalty: np.ndarray  # f32[S]
     frequency_penalty: np.ndarray  # f32[S]
     repetition_penalty: np.ndarray  # f32[S] (1.0: off)
-    key_data: np.ndarray  # u32[S, 2] threefry key data of PRNGKey(sampling_seed)
+    key_data: np.ndarray  # u32[S, 2] threefry key data of PRNGKey(seed)
     step: np.ndarray  # i32[S] index k of the token being drawn (folded into the key)
     is_greedy: np.ndarray  # bool[S] (True for padding rows)
     suppress_ids: np.ndarray  # i32[S, K] ids that may not be drawn yet (min_tokens), -1 padded
-    history_ids: np.ndarray | None = field(default=None)  # i32[S, H] prompt + output ids, -1 padded
-    history_is_output: np.ndarray | None = field(default=None)  # bool[S, H] True for generated ids
+    history_ids: np.ndarray  # i32[S, H] prompt + output ids, -1 padded (H = 0: no penalties)
+    history_is_output: np.ndarray  # bool[S, H] True for generated ids
 
     @property
     def num_rows(self) -> int:
@@ -111,18 +162,23 @@ def _suppressed(row: SamplingRow) -> list[int]:
         return []
     ids = list(p.stop_token_ids or [])
     if not p.ignore_eos:
-        ids += list(row.eos_token_ids)
+        ids += row.eos_token_ids
     return sorted(set(ids))
 
 
 def build_sampling_metadata(
-    rows: Sequence[SamplingRow],
+    rows: Sequence[SamplingRow | None],
     num_rows_padded: int,
     vocab_size: int,
     *,
     history_width: int | None = None,
-) -> tuple[SamplingMetadata, SamplingMode]:
-    """Pads `rows` to `num_rows_padded` and returns the arrays and the static mode flags."""
+    flags: SamplerFlags | None = None,
+) -> SamplingMetadata:
+    """Pads `rows` (None: a row that samples nothing this step) to `num_rows_padded` rows.
+
+    The history is built (H > 0) when a row uses a penalty or `flags.do_penalties` is set (to compile
+    the penalty programs ahead on an empty batch); H is `history_width` if given, else the next power
+    of two of the longest history, at least 64."""
     n = len(rows)
     if num_rows_padded < n:
         raise ValueError(f"num_rows_padded={num_rows_padded} must be >= the number of rows ({n})")
@@ -138,52 +194,47 @@ def build_sampling_metadata(
     step = np.zeros(S, np.int32)
     is_greedy = np.ones(S, bool)
 
-    mode = dict(all_greedy=True, do_penalties=False, do_top_k_top_p=False, do_min_p=False, num_logprobs=-1)
-    suppress: list[list[int]] = []
+    suppress = [[] if row is None else _suppressed(row) for row in rows]
     for i, row in enumerate(rows):
+        if row is None:
+            continue
         p = row.params
-        key_data[i] = seed_key_data(row.sampling_seed)
+        key_data[i] = seed_key_data(row.seed)
         step[i] = len(row.output_token_ids)
         presence[i] = p.presence_penalty
         frequency[i] = p.frequency_penalty
         repetition[i] = p.repetition_penalty
-        mode["do_penalties"] |= p.uses_penalties
-        if p.logprobs is not None:
-            mode["num_logprobs"] = max(mode["num_logprobs"], p.logprobs)
-        suppress.append(_suppressed(row))
-        if p.greedy:
-            continue
-        is_greedy[i] = False
-        mode["all_greedy"] = False
-        temperature[i] = p.temperature
-        top_p[i] = p.top_p
-        top_k[i] = p.top_k if 0 < p.top_k < vocab_size else 0
-        min_p[i] = p.min_p
-        mode["do_top_k_top_p"] |= bool(top_k[i] > 0 or p.top_p < 1.0)
-        mode["do_min_p"] |= p.min_p > 0.0
+        if not p.greedy:
+            is_greedy[i] = False
+            temperature[i] = p.temperature
+            top_p[i] = p.top_p
+            top_k[i] = p.top_k if 0 < p.top_k < vocab_size else 0
+            min_p[i] = p.min_p
 
     width = _next_pow2(max((len(s) for s in suppress), default=0), _MIN_SUPPRESS_WIDTH)
     suppress_ids = np.full((S, width), -1, np.int32)
     for i, ids in enumerate(suppress):
         suppress_ids[i, : len(ids)] = ids
 
-    history_ids = history_is_output = None
-    if mode["do_penalties"]:
-        longest = max(len(r.prompt_token_ids) + len(r.output_token_ids) for r in rows)
+    penal = [i for i, r in enumerate(rows) if r is not None and r.params.uses_penalties]
+    H = 0
+    if penal or (flags is not None and flags.do_penalties):
+        longest = max(
+            (len(rows[i].prompt_token_ids) + len(rows[i].output_token_ids) for i in penal), default=0
+        )
         H = _next_pow2(longest, _MIN_HISTORY_WIDTH) if history_width is None else history_width
         if H < longest:
             raise ValueError(f"history_width={history_width} must be >= the longest history ({longest})")
-        history_ids = np.full((S, H), -1, np.int32)
-        history_is_output = np.zeros((S, H), bool)
-        for i, row in enumerate(rows):
-            if not row.params.uses_penalties:
-                continue
-            np_, no = len(row.prompt_token_ids), len(row.output_token_ids)
-            history_ids[i, :np_] = row.prompt_token_ids
-            history_ids[i, np_ : np_ + no] = row.output_token_ids
-            history_is_output[i, np_ : np_ + no] = True
+    history_ids = np.full((S, H), -1, np.int32)
+    history_is_output = np.zeros((S, H), bool)
+    for i in penal:
+        row = rows[i]
+        np_, no = len(row.prompt_token_ids), len(row.output_token_ids)
+        history_ids[i, :np_] = row.prompt_token_ids
+        history_ids[i, np_ : np_ + no] = row.output_token_ids
+        history_is_output[i, np_ : np_ + no] = True
 
-    md = SamplingMetadata(
+    return SamplingMetadata(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -198,4 +249,3 @@ def build_sampling_metadata(
         history_ids=history_ids,
         history_is_output=history_is_output,
     )
-    return md, SamplingMode(**mode)

@@ -15,7 +15,7 @@ from jaxllm.runner.sampler import (
     row_token_logprobs,
     sample_jit,
 )
-from jaxllm.runner.sampling_metadata import SamplingRow, build_sampling_metadata, seed_key_data
+from jaxllm.runner.sampling_metadata import SamplerFlags, SamplingRow, build_sampling_metadata, seed_key_data
 from jaxllm.sampling_params import SamplingParams as SP
 
 V = 12
@@ -46,10 +46,15 @@ def _rows(params, n, seed0=0, prompt=(1, 2, 3), output=(), eos=()):
     return [SamplingRow(params, seed0 + i, list(prompt), list(output), tuple(eos)) for i in range(n)]
 
 
+def _build(rows, num_rows_padded, vocab_size, max_logprobs=None):
+    md = build_sampling_metadata(rows, num_rows_padded, vocab_size)
+    return md, SamplerFlags.for_rows(rows, max_logprobs, vocab_size)
+
+
 def _run(logits_row, rows, pad_to=None):
-    md, mode = build_sampling_metadata(rows, pad_to or len(rows), len(logits_row))
+    md, mode = _build(rows, pad_to or len(rows), len(logits_row))
     logits = np.broadcast_to(np.asarray(logits_row, np.float32), (md.num_rows, len(logits_row)))
-    return np.asarray(sample_jit(logits, md, mode=mode).sampled_token_ids)[: len(rows)], mode
+    return np.asarray(sample_jit(logits, md, flags=mode).token_ids)[: len(rows)], mode
 
 
 CONFIGS = [
@@ -69,7 +74,7 @@ def test_distributions_match_reference():
     for i, cfg in enumerate(CONFIGS):
         rows += _rows(SP(**cfg), DRAWS, seed0=i * DRAWS)
     ids, mode = _run(logits, rows)
-    assert mode.do_top_k_top_p and mode.do_min_p and not mode.all_greedy
+    assert mode.do_top_k_top_p and not mode.all_greedy
     for i, cfg in enumerate(CONFIGS):
         counts = np.bincount(ids[i * DRAWS : (i + 1) * DRAWS], minlength=V)
         p = ref_probs(logits, **cfg)
@@ -85,7 +90,7 @@ def test_temperature_only_path_matches_reference():
     """The path that skips the sort (no top-k/top-p/min-p in the batch)."""
     logits = np.random.default_rng(1).normal(0.0, 1.0, V).astype(np.float32)
     ids, mode = _run(logits, _rows(SP(temperature=1.5), DRAWS))
-    assert not mode.do_top_k_top_p and not mode.do_min_p
+    assert not mode.do_top_k_top_p
     counts = np.bincount(ids, minlength=V)
     assert stats.chisquare(counts, ref_probs(logits, 1.5) * DRAWS).pvalue > 1e-3
 
@@ -93,10 +98,10 @@ def test_temperature_only_path_matches_reference():
 def test_greedy_is_argmax():
     logits = np.random.default_rng(2).normal(size=(5, 50)).astype(np.float32)
     rows = _rows(SP(temperature=0.0), 3) + _rows(SP(temperature=1.0, top_k=1), 2)
-    md, mode = build_sampling_metadata(rows, 8, 50)
+    md, mode = _build(rows, 8, 50)
     assert mode.all_greedy and mode.num_logprobs == -1
     padded = np.concatenate([logits, np.zeros((3, 50), np.float32)])
-    out = np.asarray(sample_jit(padded, md, mode=mode).sampled_token_ids)
+    out = np.asarray(sample_jit(padded, md, flags=mode).token_ids)
     np.testing.assert_array_equal(out[:5], logits.argmax(-1))
 
 
@@ -108,8 +113,8 @@ def test_greedy_rows_in_a_random_batch_take_argmax():
         SamplingRow(SP(temperature=0.0), 3, [1], []),
         SamplingRow(SP(temperature=2.0), 4, [1], []),
     ]
-    md, mode = build_sampling_metadata(rows, 4, 50)
-    out = np.asarray(sample_jit(logits, md, mode=mode).sampled_token_ids)
+    md, mode = _build(rows, 4, 50)
+    out = np.asarray(sample_jit(logits, md, flags=mode).token_ids)
     assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
 
 
@@ -162,29 +167,29 @@ def test_penalties_in_sample_apply_to_greedy_rows_only_where_asked():
         SamplingRow(SP(temperature=0.0), 0, [0, 1], [1, 3, 3]),
         SamplingRow(presence_only, 0, [3, 3, 3], [0]),  # prompt tokens get no presence penalty
     ]
-    md, mode = build_sampling_metadata(rows, 4, 6)
+    md, mode = _build(rows, 4, 6)
     assert mode.do_penalties and md.history_ids.shape == (4, 64)
     np.testing.assert_array_equal(md.history_is_output[0, :6], [0, 0, 1, 1, 1, 0])
-    out = np.asarray(sample_jit(np.tile(logits, (4, 1)), md, mode=mode).sampled_token_ids)
+    out = np.asarray(sample_jit(np.tile(logits, (4, 1)), md, flags=mode).token_ids)
     assert out[:3].tolist() == [0, 3, 3]
 
 
 def test_no_penalties_no_history():
-    md, mode = build_sampling_metadata(_rows(SP(temperature=0.5), 2), 4, V)
-    assert not mode.do_penalties and md.history_ids is None
+    md, mode = _build(_rows(SP(temperature=0.5), 2), 4, V)
+    assert not mode.do_penalties and md.history_ids.shape == (4, 0)
 
 
 def test_min_tokens_suppresses_eos_and_stop_ids():
     logits = np.array([0.0, 1.0, 9.0, 0.0, 0.0, 8.0, 7.0, 0.0], np.float32)  # eos=2, stop id 5
     p = SP(temperature=0.0, min_tokens=3, stop_token_ids=[5])
     rows = [
-        SamplingRow(p, 0, [1], [4], (2,)),  # 1 < 3 outputs: 2 and 5 are suppressed
-        SamplingRow(p, 0, [1], [4, 4, 4], (2,)),  # reached min_tokens
+        SamplingRow(p, 0, [1], [4], 2),  # 1 < 3 outputs: 2 and 5 are suppressed
+        SamplingRow(p, 0, [1], [4, 4, 4], 2),  # reached min_tokens
         SamplingRow(p.clone(ignore_eos=True), 0, [1], [4], (2,)),  # eos allowed, 5 still not
     ]
-    md, mode = build_sampling_metadata(rows, 4, 8)
+    md, mode = _build(rows, 4, 8)
     np.testing.assert_array_equal(md.suppress_ids[:3, :2], [[2, 5], [-1, -1], [5, -1]])
-    out = np.asarray(sample_jit(np.tile(logits, (4, 1)), md, mode=mode).sampled_token_ids)
+    out = np.asarray(sample_jit(np.tile(logits, (4, 1)), md, flags=mode).token_ids)
     assert out[:3].tolist() == [6, 2, 2]
 
 
@@ -203,12 +208,12 @@ def test_logprobs_and_ranks_match_numpy():
         SamplingRow(SP(temperature=2.0, top_k=10, presence_penalty=1.0, logprobs=0), 7, [1], [3]),
         SamplingRow(SP(temperature=1.0), 8, [1], []),
     ]
-    md, mode = build_sampling_metadata(rows, 4, 40)
+    md, mode = _build(rows, 4, 40)
     assert mode.num_logprobs == 3
-    out = sample_jit(logits, md, mode=mode)
-    ids = np.asarray(out.sampled_token_ids)
+    out = sample_jit(logits, md, flags=mode)
+    ids = np.asarray(out.token_ids)
     lp = _np_log_softmax(logits)
-    lp_ids, lps, ranks = (np.asarray(a) for a in (out.logprob_token_ids, out.logprobs, out.logprob_ranks))
+    lp_ids, lps, ranks = (np.asarray(a) for a in (out.logprob_ids, out.logprobs, out.ranks))
     assert lp_ids.shape == (4, 4)
     for r in range(4):
         assert lp_ids[r, 0] == ids[r]
@@ -250,7 +255,30 @@ def test_build_validates(kw, match):
 
 def test_build_top_k_and_greedy_rows():
     rows = [SamplingRow(SP(temperature=0.0), 0, [1], []), SamplingRow(SP(top_k=V + 5), 0, [1], [])]
-    md, mode = build_sampling_metadata(rows, 4, V)
+    md, mode = _build(rows, 4, V)
     assert md.temperature.tolist() == [1.0, 1.0, 1.0, 1.0]
     assert md.top_k.tolist() == [0, 0, 0, 0] and not mode.do_top_k_top_p
     assert md.is_greedy.tolist() == [True, False, True, True]
+
+
+def test_rows_that_do_not_sample_are_padding():
+    rows = [SamplingRow(SP(temperature=0.0, repetition_penalty=1.5, logprobs=2), 0, [1, 2], [3]), None]
+    md = build_sampling_metadata(rows, 4, V, history_width=16)
+    flags = SamplerFlags.for_rows(rows, max_logprobs=5)
+    assert flags == SamplerFlags(all_greedy=True, do_penalties=True, num_logprobs=5)
+    assert md.history_ids.shape == (4, 16) and (md.history_ids[1:] == -1).all()
+    assert md.is_greedy[1] and (md.suppress_ids[1] == -1).all()
+
+
+def test_flags_variants_and_ahead_of_time_metadata():
+    variants = SamplerFlags.all_variants(max_logprobs=20)
+    assert len(set(variants)) == len(variants) == 12
+    rows = [SamplingRow(SP(temperature=0.5, top_p=0.9, frequency_penalty=0.1, logprobs=1), 3, [1], [])]
+    assert SamplerFlags.for_rows(rows, 20) in variants
+    assert SamplerFlags.for_rows(rows) == SamplerFlags(False, True, True, 1)
+    # an empty batch built for a penalty program has the same shapes as a real one of the same width
+    empty = build_sampling_metadata([], 4, V, history_width=64, flags=SamplerFlags(do_penalties=True))
+    real = build_sampling_metadata(rows, 4, V, history_width=64)
+    assert jax.tree.map(np.shape, empty) == jax.tree.map(np.shape, real)
+    with pytest.raises(ValueError, match="max_logprobs"):
+        SamplerFlags.for_rows(rows, max_logprobs=0)
