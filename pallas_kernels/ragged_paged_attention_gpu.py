@@ -1,0 +1,324 @@
+"""Ragged paged attention as a Pallas kernel for NVIDIA GPUs (Triton lowering).
+
+Data flow of one call:
+  1. rpa_schedule.build_work_items cuts the flattened batch into work items of <= block_q query rows of
+     one sequence (plus zero-context items covering the padding rows).
+  2. The kernel runs on grid (Hkv, W, k_splits). Program (h, w, c) loads the item's q rows for the
+     whole query-head group of KV head h as one [block_q * Gp, D] tile, so K/V of a KV head are read
+     once per group (GQA/MQA), then streams its share c of the context's pages, pages_per_block pages
+     per step, gathered through the block table, with an online softmax in float32.
+  3. k_splits == 1: the program normalises and writes the output rows. k_splits > 1 (flash-decoding
+     for long contexts with few sequences): each split writes unnormalised float32 partials with their
+     running max and sum, and a small jnp epilogue combines them.
+
+Masking: a key is visible when kv_pos < kv_len, kv_pos <= query position (causal with respect to the
+sequence's context: query row i of a q_len chunk sits at kv_len - q_len + i) and, with a sliding
+window, kv_pos > position - window. Scores are *selected*, never multiplied, and V rows past kv_len are
+zeroed, so garbage (NaN) in unused pages or the tail of the last page cannot leak.
+
+Why the Triton lowering rather than Mosaic GPU: the kernel gathers pages through the block table with
+vector indices (k_ref[page_ids]), masks loads and stores of ragged row ranges, and must also run under
+interpret=True on the CPU for the tests. The Triton lowering gives all three directly, and Triton's
+software pipeliner overlaps the gathered page loads (num_stages). Mosaic GPU would need per-page TMA
+copies and a hand-built pipeline, and its kernels do not run in interpret mode. Decode is
+memory-bound (the Llama-3.1-8B shape needs ~0.5 FLOP per byte of KV), where the lowering matters
+little; see benchmarks/results/*-h200-kernels.json for the measured numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.rpa_schedule import build_work_items, max_work_items
+
+MASK_VALUE = -1e30
+_LOG2E = math.log2(math.e)
+
+
+def _rpa_kernel(
+    seq_ref,  # i32[W]
+    q0_ref,  # i32[W]
+    q1_ref,  # i32[W]
+    kv_len_ref,  # i32[W]
+    pos0_ref,  # i32[W]
+    bt_ref,  # i32[S, Bp]
+    q_ref,  # [Tp, Gp, D]  (KV head squeezed)
+    k_ref,  # [P, PS, D]
+    v_ref,  # [P, PS, D]
+    o_ref,  # [Tp, Gp, D]  (q dtype; float32 per split when k_splits > 1)
+    *stat_refs,  # k_splits > 1: m_ref, l_ref f32[Tp, Gp]
+    sm_scale: float,
+    soft_cap: float | None,
+    sliding_window: int | None,
+    block_q: int,
+    pages_per_block: int,
+    pages_per_split: int,
+):
+    w = pl.program_id(1)
+    split = pl.program_id(2)
+    _, gp, d = q_ref.shape
+    page_size = k_ref.shape[1]
+    bk = pages_per_block * page_size
+    m_rows = block_q * gp
+
+    seq = seq_ref[w]
+    q0 = q0_ref[w]
+    q1 = q1_ref[w]
+    kv_len = kv_len_ref[w]
+    pos0 = pos0_ref[w]
+
+    tok = jnp.arange(block_q, dtype=jnp.int32)
+    tok_valid = q0 + tok < q1  # [block_q]
+    row_tok = lax.broadcasted_iota(jnp.int32, (block_q, gp), 0).reshape(m_rows)  # row -> token
+    row_valid = q0 + row_tok < q1  # [M]
+    row_pos = pos0 + row_tok  # [M]
+
+    q = plgpu.load(q_ref.at[pl.ds(q0, block_q), :, :], mask=tok_valid[:, None, None], other=0.0)
+    q = q.reshape(m_rows, d)
+
+    # Key range this program must visit: causal limit of its last row, window start of its first row,
+    # intersected with its split's share of the pages.
+    n_rows = q1 - q0
+    kv_hi = jnp.minimum(kv_len, pos0 + n_rows)
+    kv_lo = jnp.int32(0) if sliding_window is None else jnp.maximum(pos0 - sliding_window + 1, 0)
+    split_lo = split * (pages_per_split * page_size)
+    split_hi = split_lo + pages_per_split * page_size
+    blk_lo = jnp.maximum(kv_lo, split_lo) // bk
+    blk_hi = (jnp.minimum(kv_hi, split_hi) + bk - 1) // bk
+    blk_hi = jnp.where(n_rows > 0, blk_hi, blk_lo)
+
+    def body(kb, carry):
+        acc, m_prev, l_prev = carry
+        pages = bt_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]  # i32[ppb]
+        k = k_ref[pages].reshape(bk, d)
+        s = plgpu.dot(q, k, trans_b=True) * sm_scale  # f32[M, BK]
+        if soft_cap is not None:
+            s = soft_cap * jnp.tanh(s / soft_cap)
+        kv_pos = kb * bk + jnp.arange(bk, dtype=jnp.int32)  # [BK]
+        in_ctx = kv_pos < kv_len
+        mask = row_valid[:, None] & in_ctx[None, :] & (kv_pos[None, :] <= row_pos[:, None])
+        if sliding_window is not None:
+            mask &= kv_pos[None, :] > row_pos[:, None] - sliding_window
+        s = jnp.where(mask, s, MASK_VALUE)
+        m_new = jnp.maximum(m_prev, s.max(axis=-1))
+        alpha = jnp.exp2((m_prev - m_new) * _LOG2E)
+        p = jnp.where(mask, jnp.exp2((s - m_new[:, None]) * _LOG2E), 0.0)
+        l_new = alpha * l_prev + p.sum(axis=-1)
+        v = v_ref[pages].reshape(bk, d)
+        v = jnp.where(in_ctx[:, None], v, jnp.zeros_like(v))
+        acc = alpha[:, None] * acc + plgpu.dot(p.astype(v.dtype), v)
+        return acc, m_new, l_new
+
+    acc0 = jnp.zeros((m_rows, d), jnp.float32)
+    m0 = jnp.full((m_rows,), MASK_VALUE, jnp.float32)
+    l0 = jnp.zeros((m_rows,), jnp.float32)
+    acc, m_i, l_i = lax.fori_loop(blk_lo, blk_hi, body, (acc0, m0, l0))
+
+    out_rows = o_ref.at[pl.ds(q0, block_q), :, :]
+    if not stat_refs:
+        out = acc / jnp.where(l_i == 0.0, 1.0, l_i)[:, None]
+        plgpu.store(out_rows, out.reshape(block_q, gp, d).astype(o_ref.dtype), mask=tok_valid[:, None, None])
+    else:
+        m_ref, l_ref = stat_refs
+        plgpu.store(out_rows, acc.reshape(block_q, gp, d), mask=tok_valid[:, None, None])
+        plgpu.store(m_ref.at[pl.ds(q0, block_q), :], m_i.reshape(block_q, gp), mask=tok_valid[:, None])
+        plgpu.store(l_ref.at[pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=tok_valid[:, None])
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b: int) -> dict:
+    """Static tuning from shapes alone: decode-like steps (few rows per sequence) vs prefill chunks."""
+    gp = _next_pow2(hq // hkv)
+    decode_like = t <= 2 * s
+    if decode_like:
+        block_q = max(1, 16 // gp)
+        pages_per_block = max(1, 128 // page_size) if d <= 128 else max(1, 64 // page_size)
+        programs = hkv * s
+        k_splits = 1
+        if programs < 264:
+            k_splits = _next_pow2(-(-264 // programs))
+        k_splits = max(1, min(k_splits, -(-b // pages_per_block)))
+        return dict(
+            block_q=block_q, pages_per_block=pages_per_block, k_splits=k_splits, num_warps=4, num_stages=3
+        )
+    rows = 128 if d <= 128 else 64
+    block_q = max(1, rows // gp)
+    pages_per_block = max(1, (64 if d <= 128 else 32) // page_size)
+    return dict(block_q=block_q, pages_per_block=pages_per_block, k_splits=1, num_warps=8, num_stages=2)
+
+
+def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap):
+    if q.ndim != 3:
+        raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
+    if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
+        raise ValueError(
+            f"k_pages/v_pages must both be [Hkv, P, PS, D]; got {k_pages.shape}, {v_pages.shape}"
+        )
+    t, hq, d = q.shape
+    hkv, _, ps, dk = k_pages.shape
+    if dk != d:
+        raise ValueError(f"head_dim of q ({d}) and k_pages ({dk}) must match")
+    if d not in (64, 128, 256):
+        raise ValueError(f"head_dim={d} must be one of 64, 128, 256")
+    if hq % hkv:
+        raise ValueError(f"num q heads {hq} must be a multiple of num kv heads {hkv}")
+    if ps < 1 or ps & (ps - 1):
+        raise ValueError(f"page_size={ps} must be a power of two")
+    if q.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32) or k_pages.dtype != q.dtype:
+        raise ValueError(f"q/k/v dtype must match and be bf16, fp16 or f32; got {q.dtype}, {k_pages.dtype}")
+    if block_tables.ndim != 2:
+        raise ValueError(f"block_tables must be i32[S, B], got shape {block_tables.shape}")
+    s = block_tables.shape[0]
+    for name, x, shape in (
+        ("kv_lens", kv_lens, (s,)),
+        ("cu_q_lens", cu_q_lens, (s + 1,)),
+        ("num_seqs", num_seqs, (1,)),
+    ):
+        if x.shape != shape or x.dtype != jnp.int32:
+            raise ValueError(f"{name} must be i32{list(shape)}, got {x.dtype}{list(x.shape)}")
+    if block_tables.dtype != jnp.int32:
+        raise ValueError(f"block_tables must be int32, got {block_tables.dtype}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"{sliding_window=} must be >= 1 or None")
+    if soft_cap is not None and soft_cap <= 0:
+        raise ValueError(f"{soft_cap=} must be > 0 or None")
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "sm_scale",
+        "soft_cap",
+        "sliding_window",
+        "interpret",
+        "block_q",
+        "pages_per_block",
+        "k_splits",
+        "num_warps",
+        "num_stages",
+    ),
+)
+def ragged_paged_attention(
+    q,  # [T, Hq, D]
+    k_pages,  # [Hkv, P, PS, D]
+    v_pages,  # [Hkv, P, PS, D]
+    kv_lens,  # i32[S]
+    block_tables,  # i32[S, B]
+    cu_q_lens,  # i32[S + 1]
+    num_seqs,  # i32[1]
+    *,
+    sm_scale: float,
+    soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    interpret: bool = False,
+    block_q: int | None = None,
+    pages_per_block: int | None = None,
+    k_splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+):
+    """Attention of a ragged batch (decode rows and prefill chunks together) over a paged KV cache.
+
+    Same contract as ref_ragged_paged_attention. Tuning knobs left as None take default_config's
+    shape-based choice: block_q query tokens per program (times the padded group size = tile rows),
+    pages_per_block pages per inner step, k_splits splits of the context (flash-decoding).
+    """
+    _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
+    t, hq, d = q.shape
+    hkv, _, ps, _ = k_pages.shape
+    s, b = block_tables.shape
+    g = hq // hkv
+    gp = _next_pow2(g)
+    cfg = default_config(t, s, hq, hkv, d, ps, b)
+    block_q = cfg["block_q"] if block_q is None else block_q
+    ppb = cfg["pages_per_block"] if pages_per_block is None else pages_per_block
+    k_splits = cfg["k_splits"] if k_splits is None else k_splits
+    num_warps = cfg["num_warps"] if num_warps is None else num_warps
+    num_stages = cfg["num_stages"] if num_stages is None else num_stages
+    for name, val in (("block_q", block_q), ("pages_per_block", ppb)):
+        if val < 1 or val & (val - 1):
+            raise ValueError(f"{name}={val} must be a power of two >= 1")
+    if k_splits < 1:
+        raise ValueError(f"{k_splits=} must be >= 1")
+    if block_q * gp < 16 or ppb * ps < 16:
+        raise ValueError(
+            f"tile rows block_q*group={block_q * gp} and pages_per_block*page_size={ppb * ps} must be >= 16"
+        )
+
+    items = build_work_items(kv_lens, cu_q_lens, num_seqs, num_tokens=t, block_q=block_q)
+    w = max_work_items(t, s, block_q)
+
+    # Block table padded so every split and every inner step reads whole, in-range rows.
+    per_split = -(-b // k_splits)
+    per_split = -(-per_split // ppb) * ppb
+    bt = jnp.pad(block_tables, ((0, 0), (0, per_split * k_splits - b)))
+
+    qg = q.reshape(t, hkv, g, d)
+    if gp != g:
+        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+    # Interpret mode clamps out-of-range dynamic slices instead of masking them: give it room.
+    tp = t + block_q if interpret else t
+    if tp != t:
+        qg = jnp.pad(qg, ((0, tp - t), (0, 0), (0, 0), (0, 0)))
+
+    scalar_spec = pl.BlockSpec((w,), lambda h, i, c: (0,))
+    in_specs = [scalar_spec] * 5 + [
+        pl.BlockSpec(bt.shape, lambda h, i, c: (0, 0)),
+        pl.BlockSpec((tp, None, gp, d), lambda h, i, c: (0, h, 0, 0)),
+        pl.BlockSpec((None, *k_pages.shape[1:]), lambda h, i, c: (h, 0, 0, 0)),
+        pl.BlockSpec((None, *v_pages.shape[1:]), lambda h, i, c: (h, 0, 0, 0)),
+    ]
+    if k_splits == 1:
+        out_shape = jax.ShapeDtypeStruct((tp, hkv, gp, d), q.dtype)
+        out_specs = pl.BlockSpec((tp, None, gp, d), lambda h, i, c: (0, h, 0, 0))
+    else:
+        out_shape = [
+            jax.ShapeDtypeStruct((k_splits, tp, hkv, gp, d), jnp.float32),
+            jax.ShapeDtypeStruct((k_splits, tp, hkv, gp), jnp.float32),
+            jax.ShapeDtypeStruct((k_splits, tp, hkv, gp), jnp.float32),
+        ]
+        out_specs = [
+            pl.BlockSpec((None, tp, None, gp, d), lambda h, i, c: (c, 0, h, 0, 0)),
+            pl.BlockSpec((None, tp, None, gp), lambda h, i, c: (c, 0, h, 0)),
+            pl.BlockSpec((None, tp, None, gp), lambda h, i, c: (c, 0, h, 0)),
+        ]
+    kernel = functools.partial(
+        _rpa_kernel,
+        sm_scale=float(sm_scale),
+        soft_cap=soft_cap,
+        sliding_window=sliding_window,
+        block_q=block_q,
+        pages_per_block=ppb,
+        pages_per_split=per_split,
+    )
+    res = pl.pallas_call(
+        kernel,
+        grid=(hkv, w, k_splits),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        name=f"ragged_paged_attention_bq{block_q}_ppb{ppb}_ks{k_splits}",
+    )(items.seq, items.q0, items.q1, items.kv_len, items.pos0, bt, qg, k_pages, v_pages)
+
+    if k_splits == 1:
+        out = res
+    else:
+        acc, m, l_ = res  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2
+        m_max = m.max(axis=0)
+        scale = jnp.exp(m - m_max[None])
+        denom = (l_ * scale).sum(axis=0)
+        out = (acc * scale[..., None]).sum(axis=0) / jnp.where(denom == 0.0, 1.0, denom)[..., None]
+        out = out.astype(q.dtype)
+    return out[:t, :, :g, :].reshape(t, hq, d)

@@ -1,0 +1,64 @@
+"""Work schedule of the ragged paged-attention kernel: which query rows each grid program owns.
+
+The flattened batch is cut into work items of at most `block_q` query rows, each inside ONE sequence,
+so that one program sees one sequence's context. Rows past cu_q_lens[num_seqs] form one extra
+pseudo-sequence of context length 0: its programs write zeros, so padding rows come out as zeros
+without a second pass over the output. The item count is bounded statically:
+  sum_s cdiv(q_len_s, block_q) + cdiv(pad, block_q) <= cdiv(T, block_q) + S + 1
+Items past the real count are empty (q1 == q0, kv_len == 0): their programs load and store nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class WorkItems:
+    seq: jax.Array  # i32[W] block-table row of the item (0 for padding / empty items)
+    q0: jax.Array  # i32[W] first query row
+    q1: jax.Array  # i32[W] one past the last query row (q1 == q0: empty item)
+    kv_len: jax.Array  # i32[W] context length of the item's sequence (0: nothing to attend)
+    pos0: jax.Array  # i32[W] position of row q0 in its sequence (kv_len - q_len + offset)
+
+
+def max_work_items(num_tokens: int, num_seq_slots: int, block_q: int) -> int:
+    return -(-num_tokens // block_q) + num_seq_slots + 1
+
+
+def build_work_items(
+    kv_lens,  # i32[S]
+    cu_q_lens,  # i32[S + 1]
+    num_seqs,  # i32[1]
+    *,
+    num_tokens: int,
+    block_q: int,
+) -> WorkItems:
+    s = kv_lens.shape[0]
+    w = max_work_items(num_tokens, s, block_q)
+    n = jnp.clip(num_seqs[0], 0, s)
+    sidx = jnp.arange(s, dtype=jnp.int32)
+    real = sidx < n
+    q_end = cu_q_lens[n]
+    lens = jnp.concatenate([jnp.where(real, cu_q_lens[1:] - cu_q_lens[:-1], 0), (num_tokens - q_end)[None]])
+    lens = jnp.maximum(lens, 0)  # [S + 1]
+    starts = jnp.concatenate([cu_q_lens[:-1], q_end[None]])  # [S + 1]
+    kvl = jnp.concatenate([jnp.where(real, kv_lens, 0), jnp.zeros((1,), jnp.int32)])  # [S + 1]
+    n_items = (lens + block_q - 1) // block_q
+    ends = jnp.cumsum(n_items)
+    begins = ends - n_items
+    widx = jnp.arange(w, dtype=jnp.int32)
+    valid = widx < ends[-1]
+    sq = jnp.minimum(jnp.searchsorted(ends, widx, side="right").astype(jnp.int32), s)
+    j = widx - begins[sq]
+    q0 = starts[sq] + j * block_q
+    q1 = jnp.where(valid, jnp.minimum(q0 + block_q, starts[sq] + lens[sq]), q0)
+    kv = jnp.where(valid, kvl[sq], 0)
+    pos0 = kv - lens[sq] + j * block_q
+    seq = jnp.where(sq < s, sq, 0)
+    i32 = lambda x: x.astype(jnp.int32)
+    return WorkItems(seq=i32(seq), q0=i32(q0), q1=i32(q1), kv_len=i32(kv), pos0=i32(pos0))

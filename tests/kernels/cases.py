@@ -1,0 +1,98 @@
+"""Random ragged paged-attention problems for the kernel tests: permuted block tables, unused pages and
+the tail of every last page filled with NaN, a few padding rows and padding sequence slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Problem:
+    q: jnp.ndarray  # [T, Hq, D]
+    k_pages: jnp.ndarray  # [Hkv, P, PS, D]
+    v_pages: jnp.ndarray  # [Hkv, P, PS, D]
+    kv_lens: jnp.ndarray  # i32[S]
+    block_tables: jnp.ndarray  # i32[S, B]
+    cu_q_lens: jnp.ndarray  # i32[S + 1]
+    num_seqs: jnp.ndarray  # i32[1]
+    num_rows: int  # real query rows; rows past it are padding
+
+    def args(self):
+        return (
+            self.q,
+            self.k_pages,
+            self.v_pages,
+            self.kv_lens,
+            self.block_tables,
+            self.cu_q_lens,
+            self.num_seqs,
+        )
+
+
+def make_problem(
+    q_lens: list[int],
+    kv_lens: list[int],
+    *,
+    hq: int,
+    hkv: int,
+    d: int,
+    page_size: int,
+    dtype,
+    seed: int = 0,
+    pad_rows: int = 3,
+    pad_seqs: int = 1,
+) -> Problem:
+    rng = np.random.default_rng(seed)
+    n = len(q_lens)
+    s = n + pad_seqs
+    pages_needed = [-(-k // page_size) for k in kv_lens]
+    b = max(pages_needed) + 1
+    p = sum(pages_needed) + 5
+    perm = rng.permutation(p)
+    bt = np.zeros((s, b), np.int32)  # unused entries: page 0, which may be some sequence's page
+    k = rng.standard_normal((hkv, p, page_size, d)).astype(np.float32)
+    v = rng.standard_normal((hkv, p, page_size, d)).astype(np.float32)
+    used = np.zeros((p, page_size), bool)
+    at = 0
+    for i, (kl, np_) in enumerate(zip(kv_lens, pages_needed, strict=True)):
+        bt[i, :np_] = perm[at : at + np_]
+        at += np_
+        for j in range(np_):
+            used[bt[i, j], : min(page_size, kl - j * page_size)] = True
+    k[:, ~used] = np.nan
+    v[:, ~used] = np.nan
+    cu = np.zeros(s + 1, np.int32)
+    cu[1 : n + 1] = np.cumsum(q_lens)
+    cu[n + 1 :] = cu[n]
+    kvl = np.zeros(s, np.int32)
+    kvl[:n] = kv_lens
+    t = int(cu[n]) + pad_rows
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    return Problem(
+        q=jnp.asarray(q, dtype),
+        k_pages=jnp.asarray(k, dtype),
+        v_pages=jnp.asarray(v, dtype),
+        kv_lens=jnp.asarray(kvl),
+        block_tables=jnp.asarray(bt),
+        cu_q_lens=jnp.asarray(cu),
+        num_seqs=jnp.asarray([n], jnp.int32),
+        num_rows=int(cu[n]),
+    )
+
+
+# Batch shapes by mode: (q_lens, kv_lens). Lengths 1, 3, 513, 1023 do not line up with pages.
+MODES = {
+    "decode": ([1, 1, 1, 1], [1, 3, 513, 1023]),
+    "prefill": ([3, 40], [3, 40]),
+    "mixed": ([1, 37, 1, 3], [1023, 37, 513, 40]),
+    "chunked": ([64], [513]),
+}
+
+
+def rel_err(out, ref) -> float:
+    out = np.asarray(out, np.float32)
+    ref = np.asarray(ref, np.float32)
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))

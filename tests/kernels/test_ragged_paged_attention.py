@@ -1,0 +1,114 @@
+"""ragged_paged_attention (Pallas) against ref_ragged_paged_attention (plain jnp, float32 softmax).
+
+Default grid: a small set that covers every value of every axis at least once (interpret mode on the
+CPU). `-m full_grid`: the product grid. `--gpu` runs both compiled on the GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
+from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention
+from tests.kernels.cases import MODES, make_problem, rel_err
+
+TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
+
+# (mode, dtype, page_size, (hq, hkv), d, extra kwargs)
+SMALL = [
+    ("decode", jnp.bfloat16, 16, (8, 2), 128, {}),
+    ("decode", jnp.float16, 32, (4, 1), 64, {}),  # MQA
+    ("decode", jnp.bfloat16, 16, (8, 2), 64, {"k_splits": 3}),  # split-KV (flash-decoding)
+    ("decode", jnp.bfloat16, 64, (6, 2), 256, {}),  # group 3: padded to 4
+    ("prefill", jnp.bfloat16, 16, (4, 4), 64, {}),  # MHA
+    ("prefill", jnp.float16, 64, (8, 2), 128, {"soft_cap": 5.0}),
+    ("mixed", jnp.bfloat16, 16, (8, 2), 64, {}),
+    ("mixed", jnp.float16, 32, (8, 1), 128, {"sliding_window": 20}),
+    ("mixed", jnp.bfloat16, 16, (8, 2), 64, {"block_q": 8, "k_splits": 2}),
+    ("chunked", jnp.bfloat16, 16, (8, 2), 128, {"sliding_window": 100, "soft_cap": 30.0}),
+]
+
+FULL = [
+    (mode, dt, ps, heads, d, {})
+    for mode, dt, ps, heads, d in itertools.product(
+        list(MODES),
+        [jnp.bfloat16, jnp.float16],
+        [16, 32, 64],
+        [(8, 2), (4, 1), (4, 4), (6, 2)],
+        [64, 128, 256],
+    )
+]
+
+
+def _check(mode, dtype, page_size, heads, d, kw, interpret, seed=0):
+    q_lens, kv_lens = MODES[mode]
+    hq, hkv = heads
+    prob = make_problem(q_lens, kv_lens, hq=hq, hkv=hkv, d=d, page_size=page_size, dtype=dtype, seed=seed)
+    sm_scale = d**-0.5
+    ref_kw = {k: kw[k] for k in ("soft_cap", "sliding_window") if k in kw}
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=sm_scale, **ref_kw)
+    out = ragged_paged_attention(*prob.args(), sm_scale=sm_scale, interpret=interpret, **kw)
+    out = np.asarray(out, np.float32)
+    assert out.shape == prob.q.shape
+    assert np.isfinite(out).all(), "NaN/inf leaked into the output"
+    assert (out[prob.num_rows :] == 0).all(), "padding rows must be zero"
+    err = rel_err(out[: prob.num_rows], ref[: prob.num_rows])
+    assert err < TOL[dtype], f"relative error {err:.3g}"
+
+
+def _id(c):
+    mode, dt, ps, (hq, hkv), d, kw = c
+    extra = "-".join(f"{k}{v}" for k, v in kw.items())
+    return f"{mode}-{jnp.dtype(dt).name}-ps{ps}-h{hq}x{hkv}-d{d}" + (f"-{extra}" if extra else "")
+
+
+@pytest.mark.parametrize("case", SMALL, ids=_id)
+def test_matches_reference(case, interpret):
+    _check(*case, interpret=interpret)
+
+
+@pytest.mark.full_grid
+@pytest.mark.parametrize("case", FULL, ids=_id)
+def test_matches_reference_full_grid(case, interpret):
+    _check(*case, interpret=interpret)
+
+
+def test_padding_sequences_and_empty_batch(interpret):
+    """num_seqs = 0: every row is padding and must come out as zeros."""
+    prob = make_problem([1, 2], [5, 9], hq=4, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16)
+    args = list(prob.args())
+    args[6] = jnp.asarray([0], jnp.int32)
+    out = np.asarray(ragged_paged_attention(*args, sm_scale=0.125, interpret=interpret), np.float32)
+    assert (out == 0).all()
+
+
+def test_detects_wrong_answer(interpret):
+    """The check can fail: a wrong scale must be caught by the same tolerance."""
+    prob = make_problem(*MODES["mixed"], hq=8, hkv=2, d=64, page_size=16, dtype=jnp.float16)
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=0.125)
+    out = ragged_paged_attention(*prob.args(), sm_scale=0.2, interpret=interpret)
+    assert rel_err(out[: prob.num_rows], ref[: prob.num_rows]) > TOL[jnp.float16]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda a: {**a, "q": a["q"][:, :3]}, "multiple of num kv heads"),
+        (lambda a: {**a, "q": a["q"][..., :32]}, "head_dim"),
+        (lambda a: {**a, "kv_lens": a["kv_lens"].astype(jnp.int16)}, "kv_lens"),
+        (lambda a: {**a, "cu_q_lens": a["cu_q_lens"][:-1]}, "cu_q_lens"),
+        (lambda a: {**a, "v_pages": a["v_pages"][:, :-1]}, "k_pages/v_pages"),
+        (lambda a: {**a, "sliding_window": 0}, "sliding_window"),
+        (lambda a: {**a, "block_q": 3}, "block_q"),
+    ],
+)
+def test_rejects_bad_inputs(change, match):
+    prob = make_problem([1, 2], [5, 9], hq=4, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16)
+    names = ["q", "k_pages", "v_pages", "kv_lens", "block_tables", "cu_q_lens", "num_seqs"]
+    kw = change(dict(zip(names, prob.args(), strict=True)))
+    with pytest.raises(ValueError, match=match):
+        ragged_paged_attention(sm_scale=0.125, interpret=True, **kw)
