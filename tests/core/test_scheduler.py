@@ -116,6 +116,17 @@ def test_decodes_first_then_prefill_gets_the_rest():
     assert out.num_scheduled_tokens == 20
 
 
+def test_output_lists_single_token_queries_before_prompt_chunks():
+    sched, runner = make(budget=20, num_blocks=20)
+    a = mkreq("a", 30, max_tokens=2)
+    sched.add_request(a)
+    step(sched, runner)
+    b = mkreq("b", 1, max_tokens=2, base=100)  # a one-token prompt runs like a decode
+    sched.add_request(b)
+    out, _ = step(sched, runner)
+    assert plan(out) == [("b", 0, 1), ("a", 20, 10)]
+
+
 def test_max_num_seqs_and_budget_respected():
     sched, runner = make(budget=24, max_num_seqs=3, num_blocks=40)
     reqs = [mkreq(f"r{i}", 7 + i, max_tokens=5, base=10 * i) for i in range(7)]
@@ -149,11 +160,12 @@ def test_chunking_off_schedules_whole_prompts_only():
 # -- preemption and swapping -----------------------------------------------------------------------------
 def test_preemption_recomputes_most_recent_request():
     # 5 usable blocks of 8 tokens; a and b need 3 blocks each by 17 tokens, so one must give way.
-    sched, runner = make(budget=64, block_size=8, num_blocks=6)
+    sched, runner = make(budget=64, block_size=8, num_blocks=6, max_num_seqs=2)
     a = mkreq("a", 7, max_tokens=12, arrival=1.0)
     b = mkreq("b", 7, max_tokens=12, base=100, arrival=2.0)
-    sched.add_request(a)
-    sched.add_request(b)
+    c = mkreq("c", 3, max_tokens=2, base=200, arrival=3.0)  # waits: max_num_seqs=2
+    for r in (a, b, c):
+        sched.add_request(r)
     out, _ = step(sched, runner)  # a: block 1, b: block 2 (7 tokens each)
     assert plan(out) == [("a", 0, 7), ("b", 0, 7)]
     # Grow both until the pool (5 blocks) is short: each needs 3 blocks for 17+ tokens.
@@ -166,11 +178,12 @@ def test_preemption_recomputes_most_recent_request():
     assert preempted_at is not None
     assert out.preempted_request_ids == ["b"]
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
-    assert b.num_preemptions == 1 and sched.waiting[0] is b
+    assert b.num_preemptions == 1 and sched.waiting == [b, c]  # back to the front of the queue
     assert [s.request.request_id for s in out.scheduled] == ["a"]
     drain(sched, runner)
     assert a.output_token_ids == expected_tokens(a, 12)
     assert b.output_token_ids == expected_tokens(b, 12)
+    assert c.output_token_ids == expected_tokens(c, 2)
     assert sched.get_stats().num_preemptions >= 1
     assert_pool_empty(sched)
 

@@ -76,6 +76,8 @@ def test_mixed_workload_finishes_with_expected_tokens_and_no_leak(chunked, cachi
         out = sched.schedule()
         assert out.num_scheduled_tokens <= sched.config.max_num_batched_tokens
         assert len(out.scheduled) <= sched.config.max_num_seqs
+        # A request preempted this step is not rescheduled in the same step (no thrashing).
+        assert not set(out.preempted_request_ids) & {s.request.request_id for s in out.scheduled}
         sched.update_from_output(out, runner.execute(out))
         steps += 1
         assert steps < 2000
