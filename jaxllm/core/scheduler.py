@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 from jaxllm.config import CacheConfig, SchedulerConfig
 from jaxllm.core.kv_cache_manager import KVCacheManager, cdiv
+from jaxllm.core.memory_report import KVMemoryReport
 from jaxllm.request import Request, RequestStatus
 from jaxllm.runner_output import ModelRunnerOutput
 from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -76,6 +77,7 @@ class Scheduler:
         self._enqueue(request)
 
     def get_request(self, request_id: str) -> Request | None:
+        """An unfinished request (finished ones are dropped; update_from_output returns them once)."""
         return self.requests.get(request_id)
 
     def abort_requests(self, request_ids: str | Iterable[str]) -> None:
@@ -211,6 +213,14 @@ class Scheduler:
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=self.block_size,
         )
+
+    def kv_memory_report(self) -> KVMemoryReport:
+        """Filled / allocated KV slots of the running requests (call between steps)."""
+        return self.kv.memory_report(self.running)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks; False (nothing done) while any request holds blocks."""
+        return self.kv.pool.reset_prefix_cache()
 
     @property
     def num_free_cpu_blocks(self) -> int:

@@ -380,6 +380,27 @@ def test_priority_policy_orders_waiting_and_preempts_lowest_priority():
     assert_pool_empty(sched)
 
 
+def test_preempting_an_already_scheduled_request_returns_its_budget():
+    sched, runner = make(budget=12, policy="priority", block_size=8, num_blocks=5)  # 4 usable blocks
+    lo = mkreq("lo", 7, max_tokens=8, priority=9, arrival=1.0)
+    sched.add_request(lo)
+    step(sched, runner)
+    hi = mkreq("hi", 8, max_tokens=4, priority=0, arrival=2.0, base=100)
+    x = mkreq("x", 24, max_tokens=2, priority=1, arrival=3.0, base=200)
+    sched.add_request(hi)
+    sched.add_request(x)
+    out, _ = step(sched, runner)
+    assert plan(out) == [("lo", 7, 1), ("hi", 0, 8), ("x", 0, 3)]
+    # lo (scheduled first, as a decode) is the victim when hi cannot grow; its token goes to x.
+    out, _ = step(sched, runner)
+    assert out.preempted_request_ids == ["lo"]
+    assert plan(out) == [("hi", 8, 1), ("x", 3, 11)]
+    drain(sched, runner)
+    for r, n in ((lo, 8), (hi, 4), (x, 2)):
+        assert r.output_token_ids == expected_tokens(r, n)
+    assert_pool_empty(sched)
+
+
 def test_fcfs_waiting_order_and_preempted_goes_to_front():
     sched, runner = make(budget=8, num_blocks=20, block_size=16)
     for i in range(3):

@@ -143,3 +143,20 @@ def test_stats_snapshot_while_running():
     assert st.prompt_tokens == 8 and st.generation_tokens == 0
     assert st.kv_cache_usage == pytest.approx(1 / 9)
     assert st.num_gpu_blocks == 10 and st.block_size == 16
+
+
+def test_kv_memory_report_between_steps():
+    sched, runner = make(budget=64, max_model_len=64, block_size=16, num_blocks=10)
+    sched.add_request(Request("a", list(range(20)), SamplingParams(), max_tokens=5))
+    sched.add_request(Request("b", list(range(20)), SamplingParams(), max_tokens=5))
+    out = sched.schedule()
+    sched.update_from_output(out, runner.execute(out))
+    rep = sched.kv_memory_report()
+    # a: blocks [1, 2]; b computed in the same step, so no hit: [3, 4]; 20 tokens each.
+    assert (rep.num_blocks, rep.used_slots, rep.allocated_slots) == (4, 40, 64)
+    assert rep.efficiency == pytest.approx(40 / 64)
+    assert not sched.reset_prefix_cache()
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        sched.update_from_output(out, runner.execute(out))
+    assert sched.reset_prefix_cache() and sched.kv.pool.num_cached_blocks == 0
