@@ -34,6 +34,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._req_to_block_ids: dict[str, list[int]] = {}  # the same tables as ids, for the step output
         self._req_to_hashes: dict[str, list[BlockHash]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # how many leading blocks are registered in the cache
         self.prefix_cache_queries = 0  # tokens looked up at admission (cumulative)
@@ -49,7 +50,8 @@ class KVCacheManager:
         return self.pool.usage
 
     def get_block_ids(self, request: Request) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request.request_id, ())]
+        """A copy of the request's block table."""
+        return list(self._req_to_block_ids.get(request.request_id, ()))
 
     def block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
         """The hash chain of the request's first `num_full_blocks` blocks (extended as tokens arrive)."""
@@ -95,22 +97,26 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_required = cdiv(num_computed + num_new_tokens, self.block_size)
         num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
-        # Hit blocks that nobody references sit in the free queue; touching them takes them out of it.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
+        num_free = self.pool.num_free_blocks
+        if new_computed_blocks:
+            # Hit blocks that nobody references sit in the free queue; touching them takes them out of it.
+            num_free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > num_free:
             return None
 
-        first_allocation = rid not in self.req_to_blocks
-        if first_allocation and self.enable_caching:
+        if rid not in self.req_to_blocks and self.enable_caching:  # first allocation: count the lookup
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += len(new_computed_blocks) * self.block_size
+        ids = self._req_to_block_ids.setdefault(rid, [])
         if new_computed_blocks:
             assert not blocks, "prefix hits only at admission"
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
+            ids.extend(b.block_id for b in new_computed_blocks)
             self._num_cached_blocks[rid] = len(new_computed_blocks)
-        new_blocks = self.pool.get_new_blocks(max(num_new_blocks, 0))
+        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         blocks.extend(new_blocks)
+        ids.extend(b.block_id for b in new_blocks)
         self.req_to_blocks[rid] = blocks
         return new_blocks
 
@@ -122,6 +128,7 @@ class KVCacheManager:
             return None
         blocks = self.pool.get_new_blocks(num_blocks)
         self.req_to_blocks[rid] = list(blocks)
+        self._req_to_block_ids[rid] = [b.block_id for b in blocks]
         self._num_cached_blocks[rid] = 0
         return blocks
 
@@ -144,6 +151,7 @@ class KVCacheManager:
         """Drop the request's blocks, tail first, so its prefix stays cached longest."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, [])
+        self._req_to_block_ids.pop(rid, None)
         self.pool.free_blocks(reversed(blocks))
         self._req_to_hashes.pop(rid, None)
         self._num_cached_blocks.pop(rid, None)
