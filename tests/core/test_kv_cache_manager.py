@@ -68,6 +68,14 @@ def test_prefix_hit_full_blocks_only_and_never_the_last_token():
     assert kv.get_computed_blocks(d) == ([], 0)
 
 
+def test_prompt_logprobs_requests_skip_the_cache():
+    kv = KVCacheManager(block_size=4, num_blocks=10)
+    run_prefill(kv, req("a", range(9)))
+    r = Request("b", list(range(9)), SamplingParams(prompt_logprobs=1))
+    assert kv.get_computed_blocks(r) == ([], 0)
+    assert kv.get_computed_blocks(req("c", range(9)))[1] == 8
+
+
 def test_counters_count_each_admission_once():
     kv = KVCacheManager(block_size=4, num_blocks=10)
     a = req("a", range(9))
