@@ -53,6 +53,7 @@ class Scheduler:
         self.waiting: list[Request] = []  # queue order: front first
         self.running: list[Request] = []  # admission order: most recent last
         self._finished_ids: list[str] = []  # finished since the last schedule(): the runner drops them
+        self._finished_in_schedule: list[Request] = []  # reported by the next update_from_output
 
         self._num_preemptions = 0
         self._prompt_tokens = 0
@@ -126,6 +127,7 @@ class Scheduler:
                     # Nothing else holds blocks: the pool cannot hold this sequence's next token.
                     self.running.remove(request)
                     self._finish(request, RequestStatus.FINISHED_LENGTH)
+                    self._finished_in_schedule.append(request)
                     break
                 self._preempt(victim, out)
                 preempted = True
@@ -170,7 +172,7 @@ class Scheduler:
                 f"runner returned {len(runner_out.sampled_token_ids)} results for "
                 f"{len(sched_out.scheduled)} scheduled requests"
             )
-        changed: list[Request] = []
+        changed, self._finished_in_schedule = self._finished_in_schedule, []
         for i, s in enumerate(sched_out.scheduled):
             request = s.request
             if request.is_finished or request.status != RequestStatus.RUNNING:

@@ -224,7 +224,13 @@ def test_sole_request_that_outgrows_the_pool_finishes_with_length():
     sched, runner = make(budget=64, block_size=8, num_blocks=3)  # 16 slots
     a = mkreq("a", 10, max_tokens=50)
     sched.add_request(a)
-    drain(sched, runner)
+    for _ in range(7):
+        out, changed = step(sched, runner)
+        assert changed == [a] and not a.is_finished
+    out, changed = step(sched, runner)  # the 17th token needs a third block
+    assert out.scheduled == [] and changed == [a]
+    assert out.finished_request_ids == []  # reported to the runner by the next schedule()
+    assert sched.schedule().finished_request_ids == ["a"]
     assert a.finish_reason == "length" and a.num_tokens == 17  # 16 computed + the last sampled one
     assert a.output_token_ids == expected_tokens(a, 7)
     assert_pool_empty(sched)
