@@ -183,7 +183,7 @@ def build_app(
         Route("/tokenize", _guard(tokenize), methods=["POST"]),
         Route("/detokenize", _guard(detokenize), methods=["POST"]),
     ]
-    middleware = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
+    middleware = [Middleware(APIKeyMiddleware, state=state)]
     app = Starlette(
         routes=routes,
         middleware=middleware,

@@ -1,6 +1,7 @@
 """API-key check (ASGI middleware): `Authorization: Bearer <key>` on /v1/*, /tokenize and /detokenize.
 
-/health, /metrics and /version stay open, as in vLLM. Keys are compared with hmac.compare_digest.
+/health, /metrics and /version stay open, as in vLLM. Keys are compared with hmac.compare_digest. The key is
+read per request from the app's ServerState (None: no check), so it can be changed on a running app.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
 
 
 class APIKeyMiddleware:
-    def __init__(self, app, api_key: str):
+    def __init__(self, app, state):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.state = state  # ServerState
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
+        key = self.state.api_key
+        if key is None or scope["type"] != "http" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
         if not path.startswith(PROTECTED_PREFIXES):
@@ -30,7 +32,7 @@ class APIKeyMiddleware:
             if k == b"authorization":
                 got = v
                 break
-        if not hmac.compare_digest(got, self.expected):
+        if not hmac.compare_digest(got, f"Bearer {key}".encode()):
             body = error_body("invalid or missing API key", 401, code="invalid_api_key")
             response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
             return await response(scope, receive, send)

@@ -37,15 +37,38 @@ def record_aborts(engine):
     return engine
 
 
+# Two engines: an engine's background loop lives on the event loop that started it, and the TestClient
+# and the uvicorn thread each run their own loop.
 @pytest.fixture(scope="session")
 def engine():
     return record_aborts(make_engine())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(engine):
     with TestClient(build_app(engine, disconnect_poll_s=0.05)) as c:
         yield c
+
+
+@pytest.fixture
+def settings(client):
+    """Changes ServerState fields (api_key, max_request_body_bytes, ...) of the client's app for one test."""
+    state = client.app.state.server
+    saved = {}
+
+    def set_(**kw):
+        for k, v in kw.items():
+            saved.setdefault(k, getattr(state, k))
+            setattr(state, k, v)
+
+    yield set_
+    for k, v in saved.items():
+        setattr(state, k, v)
+
+
+@pytest.fixture(scope="session")
+def live_engine():
+    return record_aborts(make_engine())
 
 
 class LiveServer:
@@ -75,6 +98,6 @@ class LiveServer:
 
 
 @pytest.fixture(scope="session")
-def live_server(engine):
-    with LiveServer(build_app(engine, disconnect_poll_s=0.05)) as s:
+def live_server(live_engine):
+    with LiveServer(build_app(live_engine, disconnect_poll_s=0.05)) as s:
         yield s

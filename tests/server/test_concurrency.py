@@ -75,19 +75,19 @@ def _wait_for(cond, timeout=10.0):
     return False
 
 
-def test_disconnect_aborts_streaming_and_non_streaming(live_server, engine):
+def test_disconnect_aborts_streaming_and_non_streaming(live_server, live_engine):
     long = {"temperature": 0, "max_tokens": 200, "ignore_eos": True}
     for stream in (True, False):
-        before = len(engine.abort_calls)
+        before = len(live_engine.abort_calls)
         s = _raw_request(live_server.port, "/v1/completions", {"prompt": "one two", "stream": stream, **long})
         if stream:
             assert s.recv(4096).startswith(b"HTTP/1.1 200")  # streaming started
         else:
             time.sleep(0.1)
         s.close()
-        assert _wait_for(lambda b=before: len(engine.abort_calls) > b), f"no abort (stream={stream})"
-        assert engine.abort_calls[-1].startswith("cmpl-")
-    assert _wait_for(lambda: engine.get_stats().num_requests_running == 0)
+        assert _wait_for(lambda b=before: len(live_engine.abort_calls) > b), f"no abort (stream={stream})"
+        assert live_engine.abort_calls[-1].startswith("cmpl-")
+    assert _wait_for(lambda: live_engine.get_stats().num_requests_running == 0)
 
 
 def test_shutdown_drains_running_requests():

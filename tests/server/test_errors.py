@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from starlette.testclient import TestClient
-
-from server.app import build_app
 
 
 def _err(r, status: int, param: str | None = None, contains: str | None = None) -> dict:
@@ -155,33 +152,33 @@ def test_unknown_route_and_method(client):
     _err(client.get("/v1/completions"), 405)
 
 
-def test_body_limit(engine):
-    with TestClient(build_app(engine, max_request_body_bytes=200)) as c:
-        big = {"prompt": "hi " * 200}
-        _err(c.post("/v1/completions", json=big), 413)
+def test_body_limit(client, settings):
+    settings(max_request_body_bytes=200)
+    big = {"prompt": "hi " * 200}
+    _err(client.post("/v1/completions", json=big), 413)
 
-        def chunks():  # no Content-Length: the limit is enforced while reading
-            for _ in range(50):
-                yield b"          "
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(50):
+            yield b"          "
 
-        r = c.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
-        assert "content-length" not in {k.lower() for k in r.request.headers}
-        _err(r, 413)
-        assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
+    r = client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in {k.lower() for k in r.request.headers}
+    _err(r, 413)
+    assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
 
 
-def test_api_key(engine, monkeypatch):
-    with TestClient(build_app(engine, api_key="s3cret")) as c:
-        body = {"prompt": "hi", "max_tokens": 1}
-        e = _err(c.post("/v1/completions", json=body), 401)
-        assert e["type"] == "authentication_error"
-        _err(c.post("/v1/completions", json=body, headers={"Authorization": "Bearer wrong"}), 401)
-        _err(c.get("/v1/models", headers={"Authorization": "s3cret"}), 401)
-        _err(c.post("/tokenize", json={"prompt": "hi"}), 401)
-        assert (
-            c.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"}).status_code
-            == 200
-        )
-        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        assert c.get("/health").status_code == 200
-        assert c.get("/metrics").status_code == 200
+def test_api_key(client, settings):
+    settings(api_key="s3cret")
+    body = {"prompt": "hi", "max_tokens": 1}
+    e = _err(client.post("/v1/completions", json=body), 401)
+    assert e["type"] == "authentication_error"
+    _err(client.post("/v1/completions", json=body, headers={"Authorization": "Bearer wrong"}), 401)
+    _err(client.get("/v1/models", headers={"Authorization": "s3cret"}), 401)
+    _err(client.post("/tokenize", json={"prompt": "hi"}), 401)
+    assert (
+        client.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"}).status_code
+        == 200
+    )
+    assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/health").status_code == 200
+    assert client.get("/metrics").status_code == 200
