@@ -35,7 +35,7 @@ async def read_json_object(request: Request, limit: int) -> dict:
     raw = b"".join(chunks)
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise APIError(f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError("request body must be a JSON object")

@@ -53,6 +53,7 @@ def make_sampling_params(
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     prompt_param: str = "prompt",
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """SamplingParams for one prompt; max_tokens=None means what the context leaves."""
     if prompt_len >= max_model_len:
@@ -63,6 +64,12 @@ def make_sampling_params(
             code="context_length_exceeded",
         )
     max_tokens = common.max_tokens if common.max_tokens is not None else max_model_len - prompt_len
+    if vocab_size is not None:
+        bad = [t for t in common.sampling.get("stop_token_ids") or [] if t >= vocab_size]
+        if bad:
+            raise APIError(
+                f"stop_token_ids={bad} must be < the vocabulary size {vocab_size}", param="stop_token_ids"
+            )
     try:
         params = SamplingParams(
             **common.sampling, max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs

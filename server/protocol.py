@@ -7,12 +7,14 @@ string, a list of strings, a list of token ids or a list of token-id lists; chat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from server.errors import APIError
 
 _MISSING = object()
+MAX_N = 128  # samples per prompt; more is almost certainly a mistake and would flood the engine
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -35,6 +37,8 @@ def get_float(body: dict, name: str, default: Any = None) -> Any:
         return default
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _bad(name, "a number")
+    if not math.isfinite(v):
+        raise _bad(name, "a finite number")
     return float(v)
 
 
@@ -102,6 +106,8 @@ def parse_common(body: dict) -> CommonFields:
         "skip_special_tokens": get_bool(body, "skip_special_tokens", True),
         "include_stop_str_in_output": get_bool(body, "include_stop_str_in_output", False),
     }
+    if not 1 <= sampling["n"] <= MAX_N:
+        raise APIError(f"n={sampling['n']} must be in [1, {MAX_N}]", param="n")
     best_of = get_int(body, "best_of")
     if best_of is not None and best_of != sampling["n"]:
         raise APIError("'best_of' different from 'n' is not supported", param="best_of")

@@ -62,7 +62,12 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
     check_prompt_ids(ids, len(tok), "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = make_sampling_params(
-        req.common, len(ids), state.max_model_len, logprobs=logprobs, prompt_param="messages"
+        req.common,
+        len(ids),
+        state.max_model_len,
+        logprobs=logprobs,
+        prompt_param="messages",
+        vocab_size=len(tok),
     )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())

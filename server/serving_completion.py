@@ -59,6 +59,7 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                 state.max_model_len,
                 logprobs=req.logprobs,
                 prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+                vocab_size=len(tok),
             )
         )
     rid = f"cmpl-{uuid.uuid4().hex}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.server.sse import parse_sse
+
 
 def _err(r, status: int, param: str | None = None, contains: str | None = None) -> dict:
     assert r.status_code == status, r.text
@@ -18,6 +20,9 @@ def _err(r, status: int, param: str | None = None, contains: str | None = None) 
 
 
 def test_malformed_json(client):
+    _err(client.post("/v1/completions", content=b"[" * 100000), 400)
+    nan = b'{"prompt": "hi", "temperature": NaN}'
+    _err(client.post("/v1/completions", content=nan), 400, "temperature")
     r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     _err(r, 400, contains="JSON")
     _err(client.post("/v1/chat/completions", content=b"[1, 2]"), 400, contains="object")
@@ -76,6 +81,8 @@ def test_wrong_types_chat(client, body, param):
         ("seed", -1),
         ("top_k", -5),
         ("min_tokens", -1),
+        ("n", 100000),
+        ("stop_token_ids", [10**9]),
     ],
 )
 def test_invalid_sampling_params_name_the_field(client, field, value):
@@ -182,3 +189,19 @@ def test_api_key(client, settings):
     assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
     assert client.get("/health").status_code == 200
     assert client.get("/metrics").status_code == 200
+
+
+def test_engine_failure_mid_stream_ends_the_stream_cleanly(client, engine, monkeypatch):
+    real = engine.generate
+
+    async def dies(prompt, params, request_id, *, priority=0):
+        async for ro in real(prompt, params, request_id, priority=priority):
+            yield ro
+            raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "generate", dies)
+    r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 5, "stream": True})
+    chunks = parse_sse(r.text)
+    assert chunks[-1]["error"]["code"] is None and "device lost" in chunks[-1]["error"]["message"]
+    monkeypatch.undo()
+    assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
