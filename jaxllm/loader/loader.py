@@ -143,9 +143,14 @@ def load_model(
         )
 
     tokenizer = None
-    tok_path = spec.tokenizer or (path if kind != "dummy" or os.path.isdir(path) else None)
-    if tok_path is not None:
-        tokenizer = load_tokenizer(tok_path, spec.chat_template)
+    tok_path = path if kind != "dummy" or os.path.isdir(path) else None
+    if spec.tokenizer is not None:
+        tokenizer = load_tokenizer(spec.tokenizer, spec.chat_template)
+    elif tok_path is not None:
+        try:
+            tokenizer = load_tokenizer(tok_path, spec.chat_template)
+        except ValueError as e:  # weights without tokenizer files: fine for token-id inputs
+            logger.warning("no tokenizer loaded for %s: %s", tok_path, e)
     load_time = time.perf_counter() - start
     logger.info(
         "loaded %s (%s, %s, %s) in %.2f s (weights %.2f s%s)",
