@@ -156,6 +156,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def user_set_fields(args: argparse.Namespace) -> frozenset[str]:
+    """Scheduler fields given on the command line (the engine picks platform defaults for the others)."""
+    names = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
+    return frozenset(n for n in names if getattr(args, n) is not None)
+
+
 def startup_lines(info: dict, max_model_len: int, url: str) -> list[str]:
     """vLLM-style startup summary from the engine's startup_info."""
     lines = [
@@ -188,7 +194,7 @@ def serve(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     config = engine_config_from_args(args)
     logger.info("jaxllm API server; engine config: %s", config)
-    engine = AsyncLLMEngine.from_config(config)
+    engine = AsyncLLMEngine.from_config(config, user_set=user_set_fields(args))
     app = build_app(
         engine,
         served_model_names=args.served_model_name,

@@ -137,6 +137,8 @@ async def start_all(streams: list[AsyncIterator[RequestOutput]]) -> list[AsyncIt
         e = errors[0]
         if isinstance(e, ValueError):
             raise from_value_error(e) from None
+        if isinstance(e, RuntimeError):  # the engine is shutting down or its loop failed
+            raise APIError(f"the engine cannot take requests: {e}", status=503) from None
         if isinstance(e, StopAsyncIteration):
             raise APIError("the engine returned no output", status=500) from None
         raise e

@@ -138,7 +138,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         ).labels(model_name)
-        # Fed by the engine when it reports per-iteration token counts; registered so dashboards find it.
+        # Fed from the engine's `iteration_tokens` list (tokens per step) when it has one; see drain_iterations.
         self.iteration_tokens = Histogram(
             "jaxllm:iteration_tokens_total",
             "Number of tokens per engine step.",
@@ -168,7 +168,19 @@ class ServerMetrics:
     def request_finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()
 
+    def drain_iterations(self) -> None:
+        """Moves the engine's per-step token counts into the histogram (the engine appends, we take)."""
+        steps = getattr(self.engine, "iteration_tokens", None)
+        if not isinstance(steps, list):
+            return
+        n = len(steps)
+        taken = steps[:n]
+        del steps[:n]  # appends made meanwhile land after n and stay for next time
+        for t in taken:
+            self.iteration_tokens.observe(t)
+
     def render(self) -> bytes:
+        self.drain_iterations()
         return generate_latest(self.registry)
 
     def tracker(self) -> RequestTracker:
@@ -216,6 +228,7 @@ class StatsLogger:
         self._last_prompt, self._last_gen = s.prompt_tokens, s.generation_tokens
 
     def tick(self) -> str:
+        self.m.drain_iterations()
         now = time.monotonic()
         s = self.m.engine.get_stats()
         dt = max(now - self._last_time, 1e-6)

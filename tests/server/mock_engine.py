@@ -83,10 +83,11 @@ class MockAsyncEngine:
         self._aborted: set[str] = set()
         self._active: set[str] = set()
         self._stats = EngineStats(num_gpu_blocks=64, block_size=16)
+        self.iteration_tokens: list[int] = []  # tokens per step (the server's metrics take them)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config) -> MockAsyncEngine:
+    def from_config(cls, config, *, user_set: frozenset[str] = frozenset()) -> MockAsyncEngine:
         return cls(max_model_len=config.model.max_model_len or 256)
 
     async def start(self) -> None:
@@ -172,9 +173,12 @@ class MockAsyncEngine:
                 await asyncio.sleep(self.step_delay_s)
                 if request_id in self._aborted:
                     return
-                for s in samples:
-                    if s.finish_reason is None:
-                        self._step(s, p, ids)
+                running = [s for s in samples if s.finish_reason is None]
+                for s in running:
+                    self._step(s, p, ids)
+                self.iteration_tokens.append(
+                    len(running) + (len(ids) if metrics.first_token_time is None else 0)
+                )
                 now = time.time()
                 metrics.first_token_time = metrics.first_token_time or now
                 metrics.last_token_time = now

@@ -167,8 +167,8 @@ def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog):
 
     class Engine(MockAsyncEngine):
         @classmethod
-        def from_config(cls, config):
-            seen["config"] = config
+        def from_config(cls, config, *, user_set=frozenset()):
+            seen["config"], seen["user_set"] = config, user_set
             return super().from_config(config)
 
     fake = types.ModuleType("jaxllm.engine.async_engine")
@@ -192,6 +192,7 @@ def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog):
             ]
         )
     assert seen["config"].model.max_model_len == 128 and seen["port"] == 9123
+    assert seen["user_set"] == frozenset({"max_model_len"})
     state = seen["app"].state.server
     assert state.served_names == ["x"] and state.api_key == "k"
     assert "http://0.0.0.0:9123" in caplog.text and "Maximum concurrency" in caplog.text

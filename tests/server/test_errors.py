@@ -144,7 +144,7 @@ def test_handler_exception_answers_only_that_request(client, engine, monkeypatch
     def flaky(prompt, params, request_id, *, priority=0):
         calls.append(request_id)
         if len(calls) == 1:
-            raise RuntimeError("boom")
+            raise KeyError("boom")
         return real(prompt, params, request_id, priority=priority)
 
     monkeypatch.setattr(engine, "generate", flaky)
@@ -205,3 +205,12 @@ def test_engine_failure_mid_stream_ends_the_stream_cleanly(client, engine, monke
     assert chunks[-1]["error"]["code"] is None and "device lost" in chunks[-1]["error"]["message"]
     monkeypatch.undo()
     assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_engine_unavailable_is_503(client, engine, monkeypatch):
+    def stopping(prompt, params, request_id, *, priority=0):
+        raise RuntimeError("the engine is shutting down")
+
+    monkeypatch.setattr(engine, "generate", stopping)
+    e = _err(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}), 503)
+    assert "shutting down" in e["message"]
