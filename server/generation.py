@@ -127,21 +127,49 @@ async def _prepend(first: Any, rest: AsyncIterator) -> AsyncIterator:
         await shielded(rest.aclose())
 
 
-async def start_all(streams: list[AsyncIterator[RequestOutput]]) -> list[AsyncIterator[RequestOutput]]:
-    """Waits for each stream's first output so a rejected prompt becomes a 400 before the response starts."""
-    firsts = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
-    errors = [f for f in firsts if isinstance(f, BaseException)]
-    if errors:
+def _engine_error(e: BaseException) -> BaseException:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ValueError):
+        return from_value_error(e)
+    if isinstance(e, RuntimeError):  # the engine is shutting down or its loop failed
+        return APIError(f"the engine cannot take requests: {e}", status=503)
+    if isinstance(e, StopAsyncIteration):
+        return APIError("the engine returned no output", status=500)
+    return e
+
+
+async def _wait_all(request, coros: list, poll_s: float) -> list:
+    """Results of all coroutines; the first failure, or the client leaving, cancels the rest."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        while True:
+            done, pending = await asyncio.wait(tasks, timeout=poll_s, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    raise _engine_error(t.exception())
+            if not pending:
+                return [t.result() for t in tasks]
+            if request is not None and await request.is_disconnected():
+                raise ClientDisconnected()
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await shielded(asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def start_all(
+    streams: list[AsyncIterator[RequestOutput]], request=None, poll_s: float = 0.5
+) -> list[AsyncIterator[RequestOutput]]:
+    """Waits for each stream's first output so a rejected prompt becomes a 400 before the response starts
+    (a client that leaves meanwhile gets its requests aborted: ClientDisconnected)."""
+    try:
+        firsts = await _wait_all(request, [s.__anext__() for s in streams], poll_s)
+    except BaseException:
         for s in streams:
             await shielded(s.aclose())
-        e = errors[0]
-        if isinstance(e, ValueError):
-            raise from_value_error(e) from None
-        if isinstance(e, RuntimeError):  # the engine is shutting down or its loop failed
-            raise APIError(f"the engine cannot take requests: {e}", status=503) from None
-        if isinstance(e, StopAsyncIteration):
-            raise APIError("the engine returned no output", status=500) from None
-        raise e
+        raise
     return [_prepend(f, s) for f, s in zip(firsts, streams, strict=True)]
 
 
@@ -199,19 +227,4 @@ async def collect(
             raise APIError("the engine returned no output", status=500)
         return out
 
-    tasks = [asyncio.ensure_future(last(s)) for s in streams]
-    try:
-        while True:
-            done, pending = await asyncio.wait(tasks, timeout=poll_s, return_when=asyncio.FIRST_EXCEPTION)
-            for t in done:
-                if t.exception() is not None:
-                    raise t.exception()
-            if not pending:
-                return [t.result() for t in tasks]
-            if request is not None and await request.is_disconnected():
-                raise ClientDisconnected()
-    finally:
-        for t in tasks:
-            if not t.done():
-                t.cancel()
-        await shielded(asyncio.gather(*tasks, return_exceptions=True))
+    return await _wait_all(request, [last(s) for s in streams], poll_s)

@@ -72,7 +72,10 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     stream = tracked(state.engine, ids, params, rid, state.metrics, get_int(body, "priority", 0))
-    (stream,) = await start_all([stream])
+    try:
+        (stream,) = await start_all([stream], request, state.disconnect_poll_s)
+    except ClientDisconnected:
+        return Response(status_code=499)
     top_n = req.top_logprobs or 0
 
     if not req.common.stream:

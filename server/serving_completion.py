@@ -69,7 +69,10 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
         tracked(state.engine, ids, sp, f"{rid}-{i}", state.metrics, priority)
         for i, ((_, ids), sp) in enumerate(zip(prompts, params, strict=True))
     ]
-    streams = await start_all(streams)
+    try:
+        streams = await start_all(streams, request, state.disconnect_poll_s)
+    except ClientDisconnected:
+        return Response(status_code=499)
     n = req.common.sampling["n"]
     top_n = req.logprobs or 0
 

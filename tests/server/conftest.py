@@ -3,6 +3,7 @@ TestClient app, and a real uvicorn server on 127.0.0.1 (a free port) in a thread
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -16,9 +17,14 @@ from tests.server.mock_engine import MockAsyncEngine
 
 
 def make_engine():
-    # The real engine on the embedded model:
-    #   from jaxllm.config import EngineConfig; from jaxllm.engine.async_engine import AsyncLLMEngine
-    #   return AsyncLLMEngine.from_config(EngineConfig())
+    """The engine under test: the mock, or with JAXLLM_SERVER_TEST_ENGINE=real the real engine on the
+    embedded model (slow on a CPU: minutes of compilation per engine, three engines)."""
+    if os.environ.get("JAXLLM_SERVER_TEST_ENGINE") == "real":
+        from jaxllm.config import EngineConfig, ModelSpec, SchedulerConfig
+        from jaxllm.engine.async_engine import AsyncLLMEngine
+
+        config = EngineConfig(model=ModelSpec(max_model_len=512), scheduler=SchedulerConfig(max_model_len=512))
+        return AsyncLLMEngine.from_config(config, user_set=frozenset({"max_model_len"}))
     return MockAsyncEngine()
 
 
