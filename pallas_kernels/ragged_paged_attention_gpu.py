@@ -82,44 +82,63 @@ def _rpa_kernel(
 
     q = plgpu.load(q_ref.at[pl.ds(q0, block_q), :, :], mask=tok_valid[:, None, None], other=0.0)
     q = q.reshape(m_rows, d)
+    if soft_cap is None:
+        # Fold the softmax scale and log2(e) into q once, so scores feed exp2 directly.
+        q = (q.astype(jnp.float32) * (sm_scale * _LOG2E)).astype(q_ref.dtype)
 
-    # Key range this program must visit: causal limit of its last row, window start of its first row,
-    # intersected with its split's share of the pages.
+    # Key range this program must visit: causal limit of its last row, window start of its last row
+    # (the earliest key any row may see is the first row's), intersected with its split's pages.
     n_rows = q1 - q0
-    kv_hi = jnp.minimum(kv_len, pos0 + n_rows)
+    pos_last = pos0 + n_rows - 1
+    kv_hi = jnp.minimum(kv_len, pos_last + 1)
     kv_lo = jnp.int32(0) if sliding_window is None else jnp.maximum(pos0 - sliding_window + 1, 0)
     split_lo = split * (pages_per_split * page_size)
     split_hi = split_lo + pages_per_split * page_size
     blk_lo = jnp.maximum(kv_lo, split_lo) // bk
     blk_hi = (jnp.minimum(kv_hi, split_hi) + bk - 1) // bk
     blk_hi = jnp.where(n_rows > 0, blk_hi, blk_lo)
+    # Blocks [mid_lo, mid_hi) are visible to every row of the tile: no mask, no V zeroing.
+    full_hi = jnp.minimum(pos0 + 1, kv_len) // bk
+    if sliding_window is None:
+        mid_lo = blk_lo
+    else:
+        mid_lo = jnp.clip((pos_last - sliding_window + 1 + bk - 1) // bk, blk_lo, blk_hi)
+    mid_hi = jnp.clip(full_hi, mid_lo, blk_hi)
 
-    def body(kb, carry):
+    def body(kb, carry, masked: bool):
         acc, m_prev, l_prev = carry
         pages = bt_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]  # i32[ppb]
         k = k_ref[pages].reshape(bk, d)
-        s = plgpu.dot(q, k, trans_b=True) * sm_scale  # f32[M, BK]
+        s = plgpu.dot(q, k, trans_b=True)  # f32[M, BK], in log2 units unless soft-capped
         if soft_cap is not None:
-            s = soft_cap * jnp.tanh(s / soft_cap)
-        kv_pos = kb * bk + jnp.arange(bk, dtype=jnp.int32)  # [BK]
-        in_ctx = kv_pos < kv_len
-        mask = row_valid[:, None] & in_ctx[None, :] & (kv_pos[None, :] <= row_pos[:, None])
-        if sliding_window is not None:
-            mask &= kv_pos[None, :] > row_pos[:, None] - sliding_window
-        s = jnp.where(mask, s, MASK_VALUE)
-        m_new = jnp.maximum(m_prev, s.max(axis=-1))
-        alpha = jnp.exp2((m_prev - m_new) * _LOG2E)
-        p = jnp.where(mask, jnp.exp2((s - m_new[:, None]) * _LOG2E), 0.0)
-        l_new = alpha * l_prev + p.sum(axis=-1)
+            s = soft_cap * jnp.tanh(s * (sm_scale / soft_cap)) * _LOG2E
         v = v_ref[pages].reshape(bk, d)
-        v = jnp.where(in_ctx[:, None], v, jnp.zeros_like(v))
+        if masked:
+            kv_pos = kb * bk + jnp.arange(bk, dtype=jnp.int32)  # [BK]
+            in_ctx = kv_pos < kv_len
+            mask = row_valid[:, None] & in_ctx[None, :] & (kv_pos[None, :] <= row_pos[:, None])
+            if sliding_window is not None:
+                mask &= kv_pos[None, :] > row_pos[:, None] - sliding_window
+            s = jnp.where(mask, s, MASK_VALUE)
+            v = jnp.where(in_ctx[:, None], v, jnp.zeros_like(v))
+        m_new = jnp.maximum(m_prev, s.max(axis=-1))
+        alpha = jnp.exp2(m_prev - m_new)
+        p = jnp.exp2(s - m_new[:, None])
+        if masked:
+            p = jnp.where(mask, p, 0.0)
+        l_new = alpha * l_prev + p.sum(axis=-1)
         acc = alpha[:, None] * acc + plgpu.dot(p.astype(v.dtype), v)
         return acc, m_new, l_new
 
     acc0 = jnp.zeros((m_rows, d), jnp.float32)
     m0 = jnp.full((m_rows,), MASK_VALUE, jnp.float32)
     l0 = jnp.zeros((m_rows,), jnp.float32)
-    acc, m_i, l_i = lax.fori_loop(blk_lo, blk_hi, body, (acc0, m0, l0))
+    masked_body = functools.partial(body, masked=True)
+    carry = (acc0, m0, l0)
+    if sliding_window is not None:
+        carry = lax.fori_loop(blk_lo, mid_lo, masked_body, carry)
+    carry = lax.fori_loop(mid_lo, mid_hi, functools.partial(body, masked=False), carry)
+    acc, m_i, l_i = lax.fori_loop(mid_hi, blk_hi, masked_body, carry)
 
     out_rows = o_ref.at[pl.ds(q0, block_q), :, :]
     if not stat_refs:
@@ -317,7 +336,7 @@ def ragged_paged_attention(
     else:
         acc, m, l_ = res  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2
         m_max = m.max(axis=0)
-        scale = jnp.exp(m - m_max[None])
+        scale = jnp.exp2(m - m_max[None])  # m is in log2 units
         denom = (l_ * scale).sum(axis=0)
         out = (acc * scale[..., None]).sum(axis=0) / jnp.where(denom == 0.0, 1.0, denom)[..., None]
         out = out.astype(q.dtype)

@@ -53,7 +53,9 @@ def build_work_items(
     begins = ends - n_items
     widx = jnp.arange(w, dtype=jnp.int32)
     valid = widx < ends[-1]
-    sq = jnp.minimum(jnp.searchsorted(ends, widx, side="right").astype(jnp.int32), s)
+    # Owner of item w: how many sequences end at or before it. A vectorised compare, not searchsorted,
+    # whose default binary search is a while loop (a host round trip per step on the GPU).
+    sq = jnp.minimum(jnp.sum(ends[None, :] <= widx[:, None], axis=1, dtype=jnp.int32), s)
     j = widx - begins[sq]
     q0 = starts[sq] + j * block_q
     q1 = jnp.where(valid, jnp.minimum(q0 + block_q, starts[sq] + lens[sq]), q0)

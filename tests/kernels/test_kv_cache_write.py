@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.gpu_ops import write_kv_cache, write_kv_cache_pallas
+from pallas_kernels.gpu_ops import write_kv_cache_pallas, write_kv_cache_xla
 from pallas_kernels.kv_cache_write import ref_write_kv_cache
 
 
@@ -32,7 +32,7 @@ def test_write_matches_reference(dtype, ps, which, interpret):
     if which == "pallas":
         ok, ov = write_kv_cache_pallas(k, v, kp2, vp2, slots, interpret=interpret)
     else:
-        ok, ov = write_kv_cache(k, v, kp2, vp2, slots)
+        ok, ov = write_kv_cache_xla(k, v, kp2, vp2, slots)
     assert bool((ok == rk).all()) and bool((ov == rv).all())
     # The written rows are really the new ones (the reference could be wrong the same way).
     s = np.asarray(slots)[:-3]

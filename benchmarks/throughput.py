@@ -1,0 +1,221 @@
+"""Offline throughput, as vLLM's benchmark_throughput: every request handed to `LLM.generate` at once.
+
+    args --model shape (no weights)--> random token-id requests (or --dataset JSONL)
+         [--peer transformers: child process, before JAX takes the GPU]
+         --LLM(...)--> startup_info --generate(ignore_eos)--> wall time, tokens
+         --offline_bound--> roofline line --save_result--> benchmarks/results/<date>-<device>-<name>.json
+
+    python benchmarks/throughput.py --model llama-3.1-8b --load-format dummy --num-prompts 1000 \
+        --input-len 512 --output-len 256 --name llama8b-1000x512x256
+
+Reported: requests/s, output tok/s, total tok/s, wall time of generate, engine startup time, and the share
+of the H200 roofline bound for this exact workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.roofline import HARDWARE, ModelShape, offline_bound, roofline_line
+from benchmarks.workload import (
+    BenchRequest,
+    arch_for_model,
+    hf_config_for_model,
+    load_jsonl,
+    make_result,
+    random_requests,
+    save_result,
+)
+
+logger = logging.getLogger("jaxllm.benchmarks")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Offline throughput of jaxllm (vLLM's benchmark_throughput).")
+    p.add_argument("--model", default=None, help="preset (with --load-format dummy), HF folder, GGUF; default: embedded")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 -/+ ratio)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or 1 (sampling)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", default=None, help="JSONL: {prompt | prompt_token_ids, [output_len]} per line")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--compilation-cache-dir", default=None)
+    p.add_argument("--warmup-prompts", type=int, default=0, help="a small generate before the timed one")
+    p.add_argument("--peer", choices=["none", "transformers"], default="none")
+    p.add_argument("--peer-timeout", type=float, default=900.0, help="seconds before the peer is given up")
+    p.add_argument("--hardware", choices=sorted(HARDWARE), default="h200", help="peaks for the roofline line")
+    p.add_argument("--name", default=None, help="result name; default: <model>-<N>x<in>x<out>")
+    p.add_argument("--output-json", default=None, help="path of the result JSON (default under benchmarks/results)")
+    p.add_argument("--no-save", action="store_true")
+    return p
+
+
+def build_requests(args: argparse.Namespace, vocab_size: int) -> list[BenchRequest]:
+    if args.dataset:
+        # Text prompts are measured after generation, from the token ids the engine reports.
+        return load_jsonl(args.dataset, args.output_len, args.num_prompts)
+    return random_requests(
+        args.num_prompts, args.input_len, args.output_len, vocab_size, args.range_ratio, args.seed
+    )
+
+
+def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[str, Any]:
+    from jaxllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=args.model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+        compilation_cache_dir=args.compilation_cache_dir,
+    )
+    startup_wall = time.perf_counter() - t0
+    engine = llm.llm_engine
+    longest = max(r.input_len + r.output_len for r in requests)
+    if longest > engine.max_model_len:
+        raise ValueError(
+            f"the longest request needs {longest} tokens but max_model_len={engine.max_model_len}; "
+            "raise --max-model-len or shorten --input-len/--output-len"
+        )
+
+    def params(r: BenchRequest):
+        return SamplingParams(temperature=args.temperature, max_tokens=r.output_len, ignore_eos=True)
+
+    if args.warmup_prompts > 0:
+        warm = requests[: args.warmup_prompts]
+        llm.generate([r.prompt for r in warm], [params(r) for r in warm], use_tqdm=False)
+
+    prompts = [r.prompt for r in requests]
+    t0 = time.perf_counter()
+    if all(isinstance(p, list) for p in prompts):
+        outs = llm.generate(None, [params(r) for r in requests], prompt_token_ids=prompts, use_tqdm=False)
+    else:
+        outs = llm.generate(prompts, [params(r) for r in requests], use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+
+    in_lens = [len(o.prompt_token_ids) for o in outs]
+    out_lens = [len(o.outputs[0].token_ids) for o in outs]
+    info = dict(engine.startup_info)
+    info["startup_wall_s"] = round(startup_wall, 3)
+    return {
+        "elapsed_s": elapsed,
+        "input_lens": in_lens,
+        "output_lens": out_lens,
+        "startup": info,
+        "arch": engine.loaded.arch,
+        "max_num_seqs": info.get("max_num_seqs") or len(requests),
+    }
+
+
+def summarize(elapsed: float, in_lens: list[int], out_lens: list[int]) -> dict[str, float]:
+    n, n_in, n_out = len(in_lens), sum(in_lens), sum(out_lens)
+    return {
+        "num_requests": n,
+        "input_tokens": n_in,
+        "output_tokens": n_out,
+        "elapsed_s": round(elapsed, 4),
+        "requests_per_s": n / elapsed,
+        "output_tok_s": n_out / elapsed,
+        "total_tok_s": (n_in + n_out) / elapsed,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = make_parser().parse_args(argv)
+    if args.temperature < 0:
+        raise ValueError(f"--temperature={args.temperature} must be >= 0")
+    arch = arch_for_model(args.model)
+    requests = build_requests(args, arch.vocab_size)
+
+    peer = None
+    if args.peer == "transformers":
+        from benchmarks.peer_transformers import run_peer_subprocess
+
+        if all(isinstance(r.prompt, list) for r in requests):
+            logger.info("running the transformers peer on %d requests", len(requests))
+            peer = run_peer_subprocess(
+                hf_config_for_model(args.model),
+                [r.prompt for r in requests],
+                [r.output_len for r in requests],
+                args.temperature,
+                args.peer_timeout,
+            )
+        else:
+            peer = {"peer": "transformers generate_batch", "error": "the peer needs token-id prompts"}
+
+    run = run_engine(args, requests)
+    res = summarize(run["elapsed_s"], run["input_lens"], run["output_lens"])
+    startup = run["startup"]
+    shape = ModelShape.from_arch(run["arch"], startup.get("dtype", "bfloat16"), startup.get("kv_cache_dtype"))
+    bound = offline_bound(
+        shape, run["input_lens"], run["output_lens"], min(run["max_num_seqs"], len(requests)), HARDWARE[args.hardware]
+    )
+    line = roofline_line(bound, run["elapsed_s"])
+    roof = {**bound.to_dict(), "achieved_share": bound.seconds / run["elapsed_s"], "line": line}
+
+    model_name = args.model or "embedded"
+    name = args.name or f"{Path(model_name).name}-{len(requests)}x{args.input_len}x{args.output_len}"
+    result = make_result(
+        "throughput", name, args.model, vars(args), res, roof, startup=startup, peer=peer
+    )
+    print_report(result)
+    if not args.no_save:
+        result["path"] = str(save_result(result, args.output_json))
+        print(f"saved {result['path']}")
+    return result
+
+
+def print_report(result: dict[str, Any]) -> None:
+    r, s = result["results"], result["startup"]
+    print(f"== throughput: {result['model']} on {result['device']} ({s.get('dtype')}, attention {s.get('attention_backend')})")
+    print(
+        f"{r['num_requests']} requests, {r['input_tokens']} input + {r['output_tokens']} output tokens "
+        f"in {r['elapsed_s']:.3f} s"
+    )
+    print(
+        f"throughput: {r['requests_per_s']:.2f} requests/s, {r['output_tok_s']:,.1f} output tok/s, "
+        f"{r['total_tok_s']:,.1f} total tok/s"
+    )
+    print(
+        f"engine startup: {s.get('startup_wall_s')} s (load {s.get('load_time_s')} s, compile "
+        f"{s.get('compile_time_s')} s, {s.get('num_gpu_blocks')} KV blocks)"
+    )
+    if result.get("peer"):
+        p = result["peer"]
+        if "error" in p:
+            print(f"peer ({p['peer']}): failed: {p['error']}")
+        else:
+            print(
+                f"peer ({p['peer']} {p.get('transformers_version')}, {p.get('dtype')}): {p['output_tok_s']:,.1f} "
+                f"output tok/s, {p['total_tok_s']:,.1f} total tok/s over {p.get('generation_span_s') or p['wall_s']} s"
+            )
+    print(result["roofline"]["line"])
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    main()
