@@ -23,7 +23,9 @@ def make_engine():
         from jaxllm.config import EngineConfig, ModelSpec, SchedulerConfig
         from jaxllm.engine.async_engine import AsyncLLMEngine
 
-        config = EngineConfig(model=ModelSpec(max_model_len=512), scheduler=SchedulerConfig(max_model_len=512))
+        config = EngineConfig(
+            model=ModelSpec(max_model_len=512), scheduler=SchedulerConfig(max_model_len=512)
+        )
         return AsyncLLMEngine.from_config(config, user_set=frozenset({"max_model_len"}))
     return MockAsyncEngine()
 

@@ -211,3 +211,13 @@ def test_entry_points_help():
     with pytest.raises(SystemExit) as e:
         cli.main(["bogus"])
     assert e.value.code == 2
+
+
+def test_server_never_imports_jax():
+    code = (
+        "import sys, server.app, server.cli, jaxllm.entrypoints.openai.api_server; "
+        "bad = [m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax'))]; "
+        "assert not bad, bad"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
