@@ -1,8 +1,9 @@
 """Orbax cache of converted params: convert once (safetensors/GGUF -> our tree and dtype), restore fast.
 
 `save_params(path, params)` / `restore_params(path, abstract)` wrap orbax's StandardCheckpointer.
-`CheckpointCache(dir)` adds a small `jaxllm_meta.json` (source, its size and mtime, dtype, architecture)
-so a cache made from another model or dtype is never restored by mistake.
+`CheckpointCache(dir, source, dtype)` adds the HF-style config, the tokenizer and a fingerprint of the source
+(file names, sizes, mtimes), so a cache made from another model or dtype is never restored by mistake and a
+valid one is restored without reading the source.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import jax
 
 _META = "jaxllm_meta.json"
 _PARAMS = "params"
+_TOKENIZER = "tokenizer"
 
 
 def save_params(path: str, params: Any) -> None:
@@ -53,26 +55,54 @@ def source_fingerprint(source: str) -> dict[str, Any]:
 
 
 class CheckpointCache:
-    def __init__(self, directory: str, source: str, dtype: str, architecture: str):
+    """`directory/params` (orbax), `directory/tokenizer/` (saved fast tokenizer), `directory/jaxllm_meta.json`
+    (source fingerprint, requested dtype, platform, the HF-style config): a valid cache is restored without
+    opening the source at all."""
+
+    def __init__(self, directory: str, source: str, requested_dtype: str):
         self.directory = os.path.abspath(directory)
-        self.meta = {**source_fingerprint(source), "dtype": dtype, "architecture": architecture}
+        self.key = {**source_fingerprint(source), "dtype": requested_dtype, "platform": jax.default_backend()}
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def tokenizer_dir(self) -> str:
+        return os.path.join(self.directory, _TOKENIZER)
 
     def valid(self) -> bool:
         meta_path = os.path.join(self.directory, _META)
         if not os.path.isfile(meta_path) or not os.path.isdir(os.path.join(self.directory, _PARAMS)):
             return False
-        with open(meta_path) as f:
-            return json.load(f) == json.loads(json.dumps(self.meta))
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            return False
+        if meta.get("key") != json.loads(json.dumps(self.key)):
+            return False
+        self._meta = meta
+        return True
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        assert self._meta is not None, "call valid() first"
+        return self._meta["hf_config"]
 
     def restore(self, abstract: Any) -> Any:
         return restore_params(os.path.join(self.directory, _PARAMS), abstract)
 
-    def save(self, params: Any) -> None:
+    def save(self, params: Any, hf_config: dict[str, Any], tokenizer: Any) -> None:
         os.makedirs(self.directory, exist_ok=True)
         meta_path = os.path.join(self.directory, _META)
         if os.path.exists(meta_path):
             os.remove(meta_path)  # the meta goes last, so a half-written cache is never trusted
         save_params(os.path.join(self.directory, _PARAMS), params)
-        if jax.process_index() == 0:
-            with open(meta_path, "w") as f:
-                json.dump(self.meta, f)
+        if jax.process_index() != 0:
+            return
+        if tokenizer is not None:
+            tokenizer.save_pretrained(self.tokenizer_dir)
+        with open(meta_path, "w") as f:
+            json.dump({"key": self.key, "hf_config": hf_config, "has_tokenizer": tokenizer is not None}, f)
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return bool(self._meta and self._meta.get("has_tokenizer"))

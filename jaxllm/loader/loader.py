@@ -98,15 +98,27 @@ def load_model(
     """`sharding_fn(path, ShapeDtypeStruct) -> Sharding` optionally places each parameter as it loads."""
     from jaxllm.loader.gguf_loader import gguf_hf_config, load_gguf_params, open_gguf
     from jaxllm.loader.safetensors_loader import load_safetensors_params, read_hf_config
-    from jaxllm.tokenizer import load_tokenizer
 
     start = time.perf_counter()
     kind, path = _source_kind(spec)
+    cache = (
+        CheckpointCache(spec.checkpoint_dir, path, spec.dtype)
+        if spec.checkpoint_dir and kind != "dummy"
+        else None
+    )
+    from_cache = cache is not None and cache.valid()
+    if spec.load_format == "orbax" and not from_cache:
+        raise ValueError(
+            f"load_format='orbax' needs checkpoint_dir with a cache converted from {path}; "
+            "load once with load_format='auto' and checkpoint_dir set"
+        )
     reader = None
-    if kind == "gguf":
+    if from_cache:
+        hf_config = cache.hf_config
+    elif kind == "gguf":
         reader = open_gguf(path)
         hf_config = gguf_hf_config(reader, path)
-    elif kind == "hf" or os.path.isdir(path):
+    elif os.path.isdir(path):
         hf_config = read_hf_config(path)
     else:
         hf_config = get_preset(path)
@@ -115,49 +127,48 @@ def load_model(
     dtype = resolve_dtype(spec.dtype, arch.dtype)
     abstract = abstract_params(module, dtype)
 
-    from_cache = False
-    cache = None
-    if spec.checkpoint_dir and kind != "dummy":
-        cache = CheckpointCache(spec.checkpoint_dir, path, dtype.name, arch.architecture)
-    if spec.load_format == "orbax" and (cache is None or not cache.valid()):
-        raise ValueError(
-            f"load_format='orbax' needs checkpoint_dir with a cache converted from {path}; "
-            "load once with load_format='auto' and checkpoint_dir set"
-        )
     if kind == "dummy":
         params = dummy_params(abstract, spec.seed, sharding_fn)
-    elif cache is not None and cache.valid():
+    elif from_cache:
         params = cache.restore(_with_shardings(abstract, sharding_fn))
-        from_cache = True
     elif kind == "gguf":
         params = load_gguf_params(reader, path, arch, hf_config["gguf_architecture"], abstract, sharding_fn)
     else:
         params = load_safetensors_params(path, arch, abstract, sharding_fn)
     jax.block_until_ready(params)
-    convert_s = time.perf_counter() - start
+    weights_s = time.perf_counter() - start
+
+    tokenizer = _load_tokenizer(spec, kind, path, cache if from_cache else None)
     if cache is not None and not from_cache:
         save_start = time.perf_counter()
-        cache.save(params)
+        cache.save(params, hf_config, tokenizer)
         logger.info(
             "saved converted params to %s in %.2f s", spec.checkpoint_dir, time.perf_counter() - save_start
         )
-
-    tokenizer = None
-    tok_path = path if kind != "dummy" or os.path.isdir(path) else None
-    if spec.tokenizer is not None:
-        tokenizer = load_tokenizer(spec.tokenizer, spec.chat_template)
-    elif tok_path is not None:
-        try:
-            tokenizer = load_tokenizer(tok_path, spec.chat_template)
-        except ValueError as e:  # weights without tokenizer files: fine for token-id inputs
-            logger.warning("no tokenizer loaded for %s: %s", tok_path, e)
     load_time = time.perf_counter() - start
+    name = _model_name(spec, path)
     logger.info(
-        "loaded %s (%s, %s, %s) in %.2f s (weights %.2f s%s)",
-        _model_name(spec, path), arch.architecture, kind, dtype.name, load_time, convert_s,
-        ", restored from orbax cache" if from_cache else "",
+        "loaded %s (%s, %s, %s) in %.2f s (weights %.2f s, %s)",
+        name, arch.architecture, kind, dtype.name, load_time, weights_s,
+        "restored from orbax cache" if from_cache else "converted from the source",
     )  # fmt: skip
-    return LoadedModel(module, params, arch, tokenizer, _model_name(spec, path), path, load_time, from_cache)
+    return LoadedModel(module, params, arch, tokenizer, name, path, load_time, from_cache)
+
+
+def _load_tokenizer(spec: ModelSpec, kind: str, path: str, cache: CheckpointCache | None) -> Any:
+    from jaxllm.tokenizer import load_tokenizer
+
+    if spec.tokenizer is not None:
+        return load_tokenizer(spec.tokenizer, spec.chat_template)
+    if cache is not None:
+        return load_tokenizer(cache.tokenizer_dir, spec.chat_template) if cache.has_tokenizer else None
+    if kind == "dummy" and not os.path.isdir(path):
+        return None
+    try:
+        return load_tokenizer(path, spec.chat_template)
+    except ValueError as e:  # weights without tokenizer files: fine for token-id inputs
+        logger.warning("no tokenizer loaded for %s: %s", path, e)
+        return None
 
 
 def _with_shardings(abstract: dict, sharding_fn: ShardingFn | None) -> dict:
