@@ -30,9 +30,11 @@ def run_peer(hf_config: dict, prompts: list[list[int]], output_lens: list[int], 
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     cfg = dict(hf_config)
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}.get(
-        (cfg.get("architectures") or [""])[0], cfg.get("model_type", "llama")
-    )
+    model_type = {
+        "LlamaForCausalLM": "llama",
+        "Qwen2ForCausalLM": "qwen2",
+        "MistralForCausalLM": "mistral",
+    }.get((cfg.get("architectures") or [""])[0], cfg.get("model_type", "llama"))
     for k in ("model_type", "gguf_architecture", "torch_dtype", "dtype"):
         cfg.pop(k, None)
     config = AutoConfig.for_model(model_type, **cfg)
@@ -96,7 +98,15 @@ def run_peer_subprocess(
 ) -> dict:
     """Run the peer in a child process; any failure comes back as {"error": ...}."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"hf_config": hf_config, "prompts": prompts, "output_lens": output_lens, "temperature": temperature}, f)
+        json.dump(
+            {
+                "hf_config": hf_config,
+                "prompts": prompts,
+                "output_lens": output_lens,
+                "temperature": temperature,
+            },
+            f,
+        )
         path = f.name
     try:
         proc = subprocess.run(

@@ -55,7 +55,14 @@ class ModelShape:
     kv_bytes_per_element: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "intermediate_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.weight_bytes_per_param < 1 or self.kv_bytes_per_element < 1:
@@ -191,7 +198,9 @@ def offline_bound(
     p_flops = sum(prefill_flops(shape, i) for i in input_lens)
     decode_tokens = sum(max(o - 1, 0) for o in output_lens)
     # Decode token t (1..o-1) of a request with prompt i attends to i + t keys.
-    kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in zip(input_lens, output_lens) if o > 1)
+    kv_tokens = sum(
+        (o - 1) * i + (o - 1) * o // 2 for i, o in zip(input_lens, output_lens, strict=True) if o > 1
+    )
     # A request's tokens come one step after another, so its own length also bounds the step count.
     steps = max([math.ceil(decode_tokens / max_batch)] + [o - 1 for o in output_lens]) if decode_tokens else 0
     d_bytes = steps * shape.decode_weight_bytes + kv_tokens * shape.kv_bytes_per_token

@@ -40,7 +40,9 @@ logger = logging.getLogger("jaxllm.benchmarks")
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Offline throughput of jaxllm (vLLM's benchmark_throughput).")
-    p.add_argument("--model", default=None, help="preset (with --load-format dummy), HF folder, GGUF; default: embedded")
+    p.add_argument(
+        "--model", default=None, help="preset (with --load-format dummy), HF folder, GGUF; default: embedded"
+    )
     p.add_argument("--load-format", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--num-prompts", type=int, default=64)
@@ -49,7 +51,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 -/+ ratio)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or 1 (sampling)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset", default=None, help="JSONL: {prompt | prompt_token_ids, [output_len]} per line")
+    p.add_argument(
+        "--dataset", default=None, help="JSONL: {prompt | prompt_token_ids, [output_len]} per line"
+    )
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
@@ -62,7 +66,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-timeout", type=float, default=900.0, help="seconds before the peer is given up")
     p.add_argument("--hardware", choices=sorted(HARDWARE), default="h200", help="peaks for the roofline line")
     p.add_argument("--name", default=None, help="result name; default: <model>-<N>x<in>x<out>")
-    p.add_argument("--output-json", default=None, help="path of the result JSON (default under benchmarks/results)")
+    p.add_argument(
+        "--output-json", default=None, help="path of the result JSON (default under benchmarks/results)"
+    )
     p.add_argument("--no-save", action="store_true")
     return p
 
@@ -172,16 +178,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     startup = run["startup"]
     shape = ModelShape.from_arch(run["arch"], startup.get("dtype", "bfloat16"), startup.get("kv_cache_dtype"))
     bound = offline_bound(
-        shape, run["input_lens"], run["output_lens"], min(run["max_num_seqs"], len(requests)), HARDWARE[args.hardware]
+        shape,
+        run["input_lens"],
+        run["output_lens"],
+        min(run["max_num_seqs"], len(requests)),
+        HARDWARE[args.hardware],
     )
     line = roofline_line(bound, run["elapsed_s"])
     roof = {**bound.to_dict(), "achieved_share": bound.seconds / run["elapsed_s"], "line": line}
 
     model_name = args.model or "embedded"
     name = args.name or f"{Path(model_name).name}-{len(requests)}x{args.input_len}x{args.output_len}"
-    result = make_result(
-        "throughput", name, args.model, vars(args), res, roof, startup=startup, peer=peer
-    )
+    result = make_result("throughput", name, args.model, vars(args), res, roof, startup=startup, peer=peer)
     print_report(result)
     if not args.no_save:
         result["path"] = str(save_result(result, args.output_json))
@@ -191,7 +199,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def print_report(result: dict[str, Any]) -> None:
     r, s = result["results"], result["startup"]
-    print(f"== throughput: {result['model']} on {result['device']} ({s.get('dtype')}, attention {s.get('attention_backend')})")
+    print(
+        f"== throughput: {result['model']} on {result['device']} ({s.get('dtype')}, attention {s.get('attention_backend')})"
+    )
     print(
         f"{r['num_requests']} requests, {r['input_tokens']} input + {r['output_tokens']} output tokens "
         f"in {r['elapsed_s']:.3f} s"

@@ -72,11 +72,13 @@ def random_requests(
     out_lens = rng.integers(out_lo, out_hi + 1, size=num_prompts)
     return [
         BenchRequest(rng.integers(0, vocab_size, size=int(i)).tolist(), int(i), int(o))
-        for i, o in zip(in_lens, out_lens)
+        for i, o in zip(in_lens, out_lens, strict=True)
     ]
 
 
-def load_jsonl(path: str, default_output_len: int, num_prompts: int | None = None, tokenizer=None) -> list[BenchRequest]:
+def load_jsonl(
+    path: str, default_output_len: int, num_prompts: int | None = None, tokenizer=None
+) -> list[BenchRequest]:
     """One request per line: {"prompt": text} or {"prompt_token_ids": [...]}, optionally "output_len"
     (or "max_tokens"). Text prompts are measured with `tokenizer` when given."""
     out: list[BenchRequest] = []
@@ -140,7 +142,10 @@ def gpu_name() -> str | None:
         return None
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None

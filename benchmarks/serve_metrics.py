@@ -1,0 +1,107 @@
+"""Latency statistics of an online run, with vLLM benchmark_serving's definitions.
+
+    [RequestTiming] (one per request, from the streaming client) + run duration + SLO limits
+        --serving_metrics--> dict: throughputs, goodput, mean/median/std/p99 of TTFT, TPOT, ITL, E2EL (ms)
+
+- TTFT: request sent -> first streamed token.
+- TPOT: (E2EL - TTFT) / (output tokens - 1), per request (requests of one token have none).
+- ITL: every gap between consecutive streamed chunks, pooled over all requests.
+- E2EL: request sent -> last byte.
+- Goodput: requests per second that met every given limit (ttft, tpot, e2el in ms).
+Percentiles interpolate linearly between order statistics (numpy's default, as vLLM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SLO_METRICS = ("ttft", "tpot", "e2el")
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    success: bool
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0  # seconds
+    latency: float = 0.0  # seconds, end to end
+    itl: list[float] = field(default_factory=list)  # seconds between consecutive chunks after the first
+    error: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        if not self.success or self.output_tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+
+def parse_goodput(specs: Sequence[str] | None) -> dict[str, float]:
+    """['ttft:200', 'tpot:50'] -> {'ttft': 200.0, 'tpot': 50.0} (milliseconds)."""
+    out: dict[str, float] = {}
+    for spec in specs or ():
+        name, sep, value = spec.partition(":")
+        if not sep or name not in SLO_METRICS:
+            raise ValueError(f"--goodput {spec!r} must be NAME:MS with NAME one of {SLO_METRICS}")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput {spec!r}: {value!r} is not a number of milliseconds") from None
+        if ms <= 0:
+            raise ValueError(f"--goodput {spec!r}: the limit must be > 0 ms")
+        out[name] = ms
+    return out
+
+
+def meets_slo(t: RequestTiming, limits_ms: dict[str, float]) -> bool:
+    if not t.success:
+        return False
+    values = {"ttft": t.ttft, "tpot": t.tpot if t.tpot is not None else 0.0, "e2el": t.latency}
+    return all(values[k] * 1000.0 <= v for k, v in limits_ms.items())
+
+
+def describe(values_s: Sequence[float], prefix: str) -> dict[str, float]:
+    """mean/median/std/pNN of seconds, reported in milliseconds; zeros when there are no values."""
+    a = np.asarray(values_s, dtype=np.float64) * 1000.0
+    if a.size == 0:
+        a = np.zeros(1)
+    out = {
+        f"mean_{prefix}_ms": float(a.mean()),
+        f"median_{prefix}_ms": float(np.median(a)),
+        f"std_{prefix}_ms": float(a.std()),
+    }
+    for p in PERCENTILES:
+        out[f"p{p}_{prefix}_ms"] = float(np.percentile(a, p))
+    return out
+
+
+def serving_metrics(
+    timings: Sequence[RequestTiming], duration_s: float, goodput_ms: dict[str, float] | None = None
+) -> dict[str, float]:
+    if duration_s <= 0:
+        raise ValueError(f"duration_s={duration_s} must be > 0")
+    ok = [t for t in timings if t.success]
+    n_in = sum(t.prompt_len for t in ok)
+    n_out = sum(t.output_tokens for t in ok)
+    out: dict[str, float] = {
+        "completed": len(ok),
+        "failed": len(timings) - len(ok),
+        "duration_s": duration_s,
+        "total_input_tokens": n_in,
+        "total_output_tokens": n_out,
+        "request_throughput": len(ok) / duration_s,
+        "output_throughput": n_out / duration_s,
+        "total_token_throughput": (n_in + n_out) / duration_s,
+    }
+    if goodput_ms:
+        good = sum(meets_slo(t, goodput_ms) for t in timings)
+        out["good_requests"] = good
+        out["request_goodput"] = good / duration_s
+    out.update(describe([t.ttft for t in ok], "ttft"))
+    out.update(describe([t.tpot for t in ok if t.tpot is not None], "tpot"))
+    out.update(describe([x for t in ok for x in t.itl], "itl"))
+    out.update(describe([t.latency for t in ok], "e2el"))
+    return out

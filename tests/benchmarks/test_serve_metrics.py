@@ -1,0 +1,87 @@
+"""Latency statistics and goodput on hand-made timings, checked against values worked out by hand."""
+
+import pytest
+
+from benchmarks.serve import arrival_gaps, model_from_launch, sweep_table
+from benchmarks.serve_metrics import RequestTiming, parse_goodput, serving_metrics
+
+TIMINGS = [
+    # prompt 10, 5 tokens: TTFT 100 ms, then 4 gaps of 100 ms -> TPOT (500 - 100) / 4 = 100 ms
+    RequestTiming(True, prompt_len=10, output_tokens=5, ttft=0.1, latency=0.5, itl=[0.1] * 4),
+    # prompt 20, 3 tokens: TTFT 300 ms, gaps 50 and 150 -> TPOT (500 - 300) / 2 = 100 ms
+    RequestTiming(True, prompt_len=20, output_tokens=3, ttft=0.3, latency=0.5, itl=[0.05, 0.15]),
+    # one token only: no TPOT
+    RequestTiming(True, prompt_len=10, output_tokens=1, ttft=0.2, latency=0.2),
+    RequestTiming(False, prompt_len=10, error="HTTP 500"),
+]
+
+
+def test_throughputs_and_counts():
+    m = serving_metrics(TIMINGS, duration_s=2.0)
+    assert (m["completed"], m["failed"]) == (3, 1)
+    assert m["total_input_tokens"] == 40 and m["total_output_tokens"] == 9
+    assert m["request_throughput"] == pytest.approx(1.5)
+    assert m["output_throughput"] == pytest.approx(4.5)
+    assert m["total_token_throughput"] == pytest.approx(24.5)
+    assert "request_goodput" not in m
+
+
+def test_percentiles():
+    m = serving_metrics(TIMINGS, duration_s=2.0)
+    assert m["mean_ttft_ms"] == pytest.approx(200.0)
+    assert m["median_ttft_ms"] == pytest.approx(200.0)
+    assert m["p99_ttft_ms"] == pytest.approx(298.0)  # 200 + 0.98 * (300 - 200)
+    assert m["mean_tpot_ms"] == pytest.approx(100.0)
+    assert m["std_tpot_ms"] == pytest.approx(0.0)
+    # ITL pools 6 gaps: 100 x4, 50, 150 -> mean 100, median 100, p99 between 100 and 150
+    assert m["mean_itl_ms"] == pytest.approx(100.0)
+    assert m["p99_itl_ms"] == pytest.approx(100 + 0.95 * 50)
+    assert m["mean_e2el_ms"] == pytest.approx(400.0)
+    assert m["p90_e2el_ms"] == pytest.approx(500.0)
+
+
+def test_goodput():
+    assert serving_metrics(TIMINGS, 2.0, {"ttft": 250})["good_requests"] == 2  # 300 ms TTFT misses
+    m = serving_metrics(TIMINGS, 2.0, parse_goodput(["ttft:250", "tpot:50"]))
+    assert m["good_requests"] == 1  # only the 1-token request (no TPOT) is within both
+    assert m["request_goodput"] == pytest.approx(0.5)
+    assert serving_metrics(TIMINGS, 2.0, {"e2el": 500})["good_requests"] == 3  # the failed one never counts
+
+
+def test_parse_goodput_errors():
+    assert parse_goodput(["ttft:200", "e2el:1e4"]) == {"ttft": 200.0, "e2el": 10000.0}
+    for bad in (["ttft"], ["itl:5"], ["tpot:x"], ["ttft:0"]):
+        with pytest.raises(ValueError, match="--goodput"):
+            parse_goodput(bad)
+
+
+def test_no_successes():
+    m = serving_metrics([RequestTiming(False)], 1.0)
+    assert m["completed"] == 0 and m["mean_ttft_ms"] == 0.0
+
+
+def test_arrivals():
+    assert arrival_gaps(3, float("inf"), 0) == [0.0, 0.0, 0.0]
+    gaps = arrival_gaps(20000, 10.0, seed=1)
+    assert gaps == arrival_gaps(20000, 10.0, seed=1)
+    assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.03)  # Poisson at 10/s: mean gap 100 ms
+    with pytest.raises(ValueError, match="request-rate"):
+        arrival_gaps(1, 0.0, 0)
+
+
+def test_model_from_launch_and_table():
+    assert model_from_launch("jaxllm serve llama-3.1-8b --load-format dummy") == "llama-3.1-8b"
+    assert model_from_launch("python -m jaxllm.entrypoints.openai.api_server --model /m --port 1") == "/m"
+    assert model_from_launch("jaxllm serve --port 8000") is None
+    row = dict(
+        concurrency=8,
+        mean_ttft_ms=12.0,
+        p99_ttft_ms=20.0,
+        mean_tpot_ms=3.0,
+        output_throughput=1000.0,
+        total_token_throughput=3000.0,
+        gpu_util_pct=None,
+    )
+    table = sweep_table([row, {**row, "concurrency": 32, "gpu_util_pct": 87.4}])
+    assert "| 8 | 12.0 | 20.0 | 3.00 | 1,000.0 | 3,000.0 | n/a |" in table
+    assert table.splitlines()[-1].endswith("| 87% |")
