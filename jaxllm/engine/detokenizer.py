@@ -10,10 +10,12 @@ Each step decodes only tokens[prefix:read] (text already returned) and tokens[pr
 the new tokens); the delta is the difference. Decoding a few tokens of left context rather than one
 token alone keeps what depends on neighbours right (a leading space, bytes of one character spread
 over several byte-level tokens). When the new text ends in U+FFFD the last character is incomplete:
-nothing is returned and the offsets stay, so the next step decodes the bytes together. The context
-starts with the last `context_tokens` prompt tokens, as vLLM's does. For byte-level BPE tokenizers the
-concatenated deltas equal `tokenizer.decode(output_ids)`; for SentencePiece ones the first delta keeps
-the leading space that decoding the output alone would strip (vLLM's behaviour).
+nothing is returned and the offsets stay, so the next step decodes the bytes together.
+
+The concatenated deltas equal `tokenizer.decode(output_ids)`. The first window starts at the first
+output token (`context_tokens=0`); vLLM instead starts it with the last 5 prompt tokens, which makes no
+difference for byte-level BPE (Llama-3, Qwen, SmolLM2) but keeps the leading space of a SentencePiece
+model's first token (" Hello" where decode(output_ids) gives "Hello"): pass `context_tokens=5` for that.
 
 `spaces_between_special_tokens` is passed to `decode`, which only slow (Python) tokenizers honour;
 `clean_up_tokenization_spaces` is off, since cleaning a window is not cleaning the whole text.
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 _REPLACEMENT = "\ufffd"
-DEFAULT_CONTEXT_TOKENS = 5
+DEFAULT_CONTEXT_TOKENS = 0
 
 
 class IncrementalDetokenizer:

@@ -4,6 +4,7 @@ GGUF tokenizer."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -131,6 +132,41 @@ def test_stop_string_across_tokens_while_streaming(bpe, include):
     tokens_of_stop = {bpe.decode([t]) for t in ids} & {"界 🙂 the q"}
     assert not tokens_of_stop  # the stop string is spread over several tokens
     assert all(out.startswith(s) for s in streamed)  # nothing streamed was taken back
+
+
+def _sentencepiece_style_tokenizer():
+    """Metaspace BPE with byte fallback (Llama-2 style): characters outside the vocab become byte tokens."""
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tk.train_from_iterator(
+        ["hello world, the quick brown fox jumps over the lazy dog ok"] * 10,
+        trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"]),
+    )
+    model = json.loads(tk.to_str())["model"]
+    vocab = dict(model["vocab"])
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    sp = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    sp.pre_tokenizer = tk.pre_tokenizer
+    sp.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    sp.add_special_tokens(["<unk>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=sp, eos_token="</s>", unk_token="<unk>")
+
+
+def test_sentencepiece_style_byte_fallback():
+    tok = _sentencepiece_style_tokenizer()
+    prompt = tok.encode("the quick")
+    ids = tok.encode("hello 🙂 world 世界 ok 🙂🙂")
+    assert "<0xF0>" in tok.convert_ids_to_tokens(ids)
+    deltas, rest, _ = _stream(tok, prompt, ids)
+    assert "".join(deltas) + rest == tok.decode(ids) == "hello 🙂 world 世界 ok 🙂🙂"
+    assert rest == "" and not any("\ufffd" in x for x in deltas)
+    # with prompt context (vLLM's choice) the first token keeps its leading space
+    deltas, rest, _ = _stream(tok, prompt, ids, context_tokens=5)
+    assert "".join(deltas) + rest == " " + tok.decode(ids)
 
 
 @pytest.fixture(scope="module")
