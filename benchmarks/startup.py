@@ -1,13 +1,13 @@
 """Time to ready, cold and warm: a fresh process until the engine is built (or the server answers /health).
 
-    for pass in (cold, warm), same temporary compilation cache dir (empty on the cold pass):
-        engine: python -m benchmarks.startup --child KWARGS -> LLM(**KWARGS) -> prints READY {startup_info}
-                timed from Popen to the READY line (imports, load, KV allocation, compile of every bucket)
-        server: <--server-command> --compilation-cache-dir DIR --port P -> timed from Popen to /health 200
-    -> table of cold vs warm seconds -> benchmarks/results/<date>-<device>-<name>.json
+for pass in (cold, warm), same temporary compilation cache dir (empty on the cold pass):
+    engine: python -m benchmarks.startup --child KWARGS -> LLM(**KWARGS) -> prints READY {startup_info}
+            timed from Popen to the READY line (imports, load, KV allocation, compile of every bucket)
+    server: <--server-command> --compilation-cache-dir DIR --port P -> timed from Popen to /health 200
+-> table of cold vs warm seconds -> benchmarks/results/<date>-<device>-<name>.json
 
-    python benchmarks/startup.py --model llama-3.1-8b --load-format dummy
-    python benchmarks/startup.py --mode server --server-command "jaxllm serve llama-3.1-8b --load-format dummy"
+python benchmarks/startup.py --model llama-3.1-8b --load-format dummy
+python benchmarks/startup.py --mode server --server-command "jaxllm serve llama-3.1-8b --load-format dummy"
 """
 
 from __future__ import annotations
@@ -44,11 +44,15 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument(
-        "--server-command", default="jaxllm serve", help="server mode: the command, without port and cache dir"
+        "--server-command",
+        default="jaxllm serve",
+        help="server mode: the command, without port and cache dir",
     )
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--passes", type=int, default=2, help="1 cold pass, then warm passes on the same cache")
-    p.add_argument("--cache-dir", default=None, help="compilation cache dir (emptied first); default: a temp dir")
+    p.add_argument(
+        "--cache-dir", default=None, help="compilation cache dir (emptied first); default: a temp dir"
+    )
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--name", default=None)
     p.add_argument("--output-json", default=None)
@@ -95,7 +99,9 @@ def time_engine(kwargs: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             _, err = proc.communicate()
     if info is None:
         tail = " | ".join((err or "").strip().splitlines()[-3:])
-        raise RuntimeError(f"the engine process exited with code {proc.returncode} before it was ready: {tail}")
+        raise RuntimeError(
+            f"the engine process exited with code {proc.returncode} before it was ready: {tail}"
+        )
     return {"ready_s": round(ready, 3), "startup_info": info}
 
 
@@ -132,7 +138,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             extra = r.get("startup_info", {})
             print(
                 f"{kind}: ready in {r['ready_s']:.2f} s"
-                + (f" (load {extra.get('load_time_s')} s, compile {extra.get('compile_time_s')} s)" if extra else "")
+                + (
+                    f" (load {extra.get('load_time_s')} s, compile {extra.get('compile_time_s')} s)"
+                    if extra
+                    else ""
+                )
             )
     model = args.model if args.mode == "engine" else args.server_command
     name = args.name or f"startup-{args.mode}-{Path(str(args.model or 'embedded')).name}"

@@ -1,10 +1,10 @@
 """Collect benchmark results into one markdown page and a plot.
 
-    benchmarks/results/*.json --load_results--> grouped by "benchmark" (throughput, serve, serve-sweep, startup)
-        --summary_markdown--> benchmarks/results/SUMMARY.md (one table per kind, newest first)
-        --plot (matplotlib, when installed)--> benchmarks/results/summary.png
+benchmarks/results/*.json --load_results--> grouped by "benchmark" (throughput, serve, serve-sweep, startup)
+    --summary_markdown--> benchmarks/results/SUMMARY.md (one table per kind, newest first)
+    --plot (matplotlib, when installed)--> benchmarks/results/summary.png
 
-    python benchmarks/summarize.py [--results-dir DIR]
+python benchmarks/summarize.py [--results-dir DIR]
 """
 
 from __future__ import annotations
@@ -65,11 +65,21 @@ def throughput_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     for r in results:
         m, s, peer = r["results"], r.get("startup") or {}, r.get("peer")
         peer_s = "" if not peer else ("failed" if "error" in peer else _f(peer["output_tok_s"]))
-        rows.append([
-            r["date"][:10], r["device"], f"{r['model']} ({r['name']})", str(m["num_requests"]),
-            f"{m['input_tokens']} / {m['output_tokens']}", _f(m["requests_per_s"], ".2f"), _f(m["output_tok_s"]),
-            _f(m["total_tok_s"]), _f(s.get("startup_wall_s") or s.get("startup_time_s")), _share(r), peer_s or "-",
-        ])
+        rows.append(
+            [
+                r["date"][:10],
+                r["device"],
+                f"{r['model']} ({r['name']})",
+                str(m["num_requests"]),
+                f"{m['input_tokens']} / {m['output_tokens']}",
+                _f(m["requests_per_s"], ".2f"),
+                _f(m["output_tok_s"]),
+                _f(m["total_tok_s"]),
+                _f(s.get("startup_wall_s") or s.get("startup_time_s")),
+                _share(r),
+                peer_s or "-",
+            ]
+        )
     return rows
 
 
@@ -77,11 +87,21 @@ def serve_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for r in results:
         m = r["results"]
-        rows.append([
-            r["date"][:10], r["device"], f"{r['model']} ({r['name']})", str(m["completed"]),
-            _f(m["request_throughput"], ".2f"), _f(m["output_throughput"]), _f(m["mean_ttft_ms"]),
-            _f(m["p99_ttft_ms"]), _f(m["mean_tpot_ms"], ".2f"), _f(m.get("request_goodput"), ".2f"), _share(r),
-        ])
+        rows.append(
+            [
+                r["date"][:10],
+                r["device"],
+                f"{r['model']} ({r['name']})",
+                str(m["completed"]),
+                _f(m["request_throughput"], ".2f"),
+                _f(m["output_throughput"]),
+                _f(m["mean_ttft_ms"]),
+                _f(m["p99_ttft_ms"]),
+                _f(m["mean_tpot_ms"], ".2f"),
+                _f(m.get("request_goodput"), ".2f"),
+                _share(r),
+            ]
+        )
     return rows
 
 
@@ -89,20 +109,47 @@ def summary_markdown(results: list[dict[str, Any]], skipped: list[str]) -> str:
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_kind.setdefault(r["benchmark"], []).append(r)
-    lines = ["# Benchmark results", "", f"{len(results)} result files; roofline shares are against one H200.", ""]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"{len(results)} result files; roofline shares are against one H200.",
+        "",
+    ]
     if by_kind.get("throughput"):
         lines += ["## Offline throughput", ""]
         lines += _table(
-            ["date", "device", "model (run)", "requests", "in / out tokens", "req/s", "output tok/s", "total tok/s",
-             "startup s", "roofline", "peer output tok/s"],
+            [
+                "date",
+                "device",
+                "model (run)",
+                "requests",
+                "in / out tokens",
+                "req/s",
+                "output tok/s",
+                "total tok/s",
+                "startup s",
+                "roofline",
+                "peer output tok/s",
+            ],
             throughput_rows(by_kind["throughput"]),
         )
         lines.append("")
     if by_kind.get("serve"):
         lines += ["## Online serving", ""]
         lines += _table(
-            ["date", "device", "model (run)", "done", "req/s", "output tok/s", "mean TTFT ms", "p99 TTFT ms",
-             "mean TPOT ms", "goodput req/s", "roofline"],
+            [
+                "date",
+                "device",
+                "model (run)",
+                "done",
+                "req/s",
+                "output tok/s",
+                "mean TTFT ms",
+                "p99 TTFT ms",
+                "mean TPOT ms",
+                "goodput req/s",
+                "roofline",
+            ],
             serve_rows(by_kind["serve"]),
         )
         lines.append("")
@@ -114,8 +161,13 @@ def summary_markdown(results: list[dict[str, Any]], skipped: list[str]) -> str:
         lines += _table(
             ["date", "device", "what", "cold s", "warm s"],
             [
-                [r["date"][:10], r["device"], f"{r['results']['mode']}: {r['model'] or 'embedded'}",
-                 _f(r["results"]["cold_s"], ".2f"), _f(r["results"]["warm_s"], ".2f")]
+                [
+                    r["date"][:10],
+                    r["device"],
+                    f"{r['results']['mode']}: {r['model'] or 'embedded'}",
+                    _f(r["results"]["cold_s"], ".2f"),
+                    _f(r["results"]["warm_s"], ".2f"),
+                ]
                 for r in by_kind["startup"]
             ],
         )
@@ -153,7 +205,12 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
     ax = axes[1]
     for r in sweeps:
         rows = r["results"]["sweep"]
-        ax.plot([x["concurrency"] for x in rows], [x["output_throughput"] for x in rows], marker="o", label=r["name"])
+        ax.plot(
+            [x["concurrency"] for x in rows],
+            [x["output_throughput"] for x in rows],
+            marker="o",
+            label=r["name"],
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tok/s")
