@@ -22,7 +22,7 @@ def load_tokenizer(path: str, chat_template: str | None = None):
             )
         else:
             tok = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # transformers raises OSError/ValueError/KeyError/TypeError by case
         raise ValueError(f"cannot load a tokenizer from {path}: {e}") from None
     if chat_template is not None:
         tok.chat_template = chat_template
