@@ -106,6 +106,7 @@ def test_shutdown_drains_running_requests():
                     "ignore_eos": True,
                     "stream": True,
                     "temperature": 0,
+                    "stream_options": {"include_usage": True},
                 }
                 with c.stream("POST", "/v1/completions", json=body) as r:
                     result["text"] = "".join(r.iter_text())
