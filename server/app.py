@@ -158,7 +158,10 @@ def build_app(
             while True:
                 await asyncio.sleep(state.stats_interval_s)
                 try:
-                    logger.info(stats.tick())
+                    was_idle = stats.idle
+                    line = stats.tick()
+                    if not (was_idle and stats.idle):
+                        logger.info(line)
                 except Exception:
                     logger.exception("stats logging failed")
 

@@ -226,6 +226,7 @@ class StatsLogger:
         self._last_time = time.monotonic()
         s = metrics.engine.get_stats()
         self._last_prompt, self._last_gen = s.prompt_tokens, s.generation_tokens
+        self.idle = True  # nothing ran during the last tick (the app then skips the log line, as vLLM)
 
     def tick(self) -> str:
         self.m.drain_iterations()
@@ -237,6 +238,9 @@ class StatsLogger:
         self._last_time, self._last_prompt, self._last_gen = now, s.prompt_tokens, s.generation_tokens
         self.m.prompt_throughput.set(prompt_tps)
         self.m.generation_throughput.set(gen_tps)
+        self.idle = (
+            prompt_tps == 0 and gen_tps == 0 and s.num_requests_running == 0 and s.num_requests_waiting == 0
+        )
         hit = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
         return (
             f"Avg prompt throughput: {prompt_tps:.1f} tokens/s, Avg generation throughput: {gen_tps:.1f} tokens/s, "
