@@ -116,6 +116,10 @@ class ParallelConfig:
 class RunnerConfig:
     attention_backend: str = "auto"  # auto: pallas on GPU, reference elsewhere
     enforce_eager: bool = False  # skip ahead-of-time compilation of every bucket at startup
+    # Compile every bucket at startup. None: on accelerators yes; on the host no (each variant of a
+    # 30-layer model costs seconds of CPU there), so variants compile on first use and land in the
+    # persistent cache.
+    compile_ahead: bool | None = None
     compilation_cache_dir: str | None = None  # None: ~/.cache/jaxllm/xla ; "" disables
 
     def __post_init__(self) -> None:

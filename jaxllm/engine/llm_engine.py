@@ -108,7 +108,8 @@ class LLMEngine:
         self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
         self.scheduler = Scheduler(sched, cache, num_blocks, num_cpu_blocks)
         self.compile_time_s = 0.0
-        if not config.runner.enforce_eager:
+        ahead = config.runner.compile_ahead if config.runner.compile_ahead is not None else not on_host
+        if ahead and not config.runner.enforce_eager:
             self.compile_time_s = self.runner.compile_all()
 
         kv_gib = num_blocks * self.runner.geometry.bytes_per_block / 2**30

@@ -39,6 +39,7 @@ class LLM:
         kv_cache_dtype: str = "auto",
         load_format: str = "auto",
         enforce_eager: bool = False,
+        compile_ahead: bool | None = None,
         attention_backend: str = "auto",
         checkpoint_dir: str | None = None,
         compilation_cache_dir: str | None = None,
@@ -73,7 +74,7 @@ class LLM:
             scheduler=SchedulerConfig(**sched_kw),
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
             runner=RunnerConfig(
-                attention_backend=attention_backend, enforce_eager=enforce_eager,
+                attention_backend=attention_backend, enforce_eager=enforce_eager, compile_ahead=compile_ahead,
                 compilation_cache_dir=compilation_cache_dir,
             ),
         )

@@ -124,8 +124,9 @@ class HostSwapSpace:
     def swap_in(self, kv_caches, pairs: list[tuple[int, int]]):
         if not pairs:
             return kv_caches
-        host = [h for h, _ in pairs]
-        dev = _pad_ids([d for _, d in pairs])
+        # Pairs are (device block, host block) in both directions, as the scheduler lists them.
+        host = [h for _, h in pairs]
+        dev = _pad_ids([d for d, _ in pairs])
         host_idx = _pad_ids(host)  # padding repeats the first pair: the same value written twice
         blocks = [(hk[:, host_idx], hv[:, host_idx]) for hk, hv in self.layers]
         return _scatter_blocks_donated(kv_caches, jnp.asarray(dev), blocks)

@@ -65,6 +65,8 @@ class ModelRunner:
             growth=bucket_growth,
         )
         self.kv_sharding = kv_sharding
+        # Penalty history (prompt + output ids) has one static width, so penalties never add a variant.
+        self.history_width = 1 << max(6, (max_model_len - 1).bit_length())
         self.kv_caches: list | None = None
         self.swap: kvc.HostSwapSpace | None = None
         self._model_step = jax.jit(self._model_step_impl, donate_argnums=(1,), static_argnames=("all_logits",))
@@ -118,7 +120,9 @@ class ModelRunner:
             inputs = _padding_inputs(t, s, b)
             logits = self._run_model(inputs, all_logits=False)
             for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
-                smd = build_sampling_metadata([], s, self.vocab_size)
+                smd = build_sampling_metadata(
+                    [], s, self.vocab_size, history_width=self.history_width, flags=flags
+                )
                 out = self._sample(logits, jax.device_put(smd), flags=flags)
         jax.block_until_ready(out)
         return time.perf_counter() - t0
@@ -156,8 +160,8 @@ class ModelRunner:
 
         s = inputs.shape[1]
         rows = [_sampling_row(sr) if sr.samples else None for sr in sched.scheduled]
-        smd = build_sampling_metadata(rows, s, self.vocab_size)
-        flags = SamplerFlags.for_rows([r for r in rows if r is not None], MAX_LOGPROBS)
+        flags = SamplerFlags.for_rows(rows, MAX_LOGPROBS, self.vocab_size)
+        smd = build_sampling_metadata(rows, s, self.vocab_size, history_width=self.history_width, flags=flags)
         result = jax.device_get(self._sample(logits, jax.device_put(smd), flags=flags))
         ids = np.asarray(result.token_ids)
         for i, sr in enumerate(sched.scheduled):

@@ -11,7 +11,8 @@ from jaxllm import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir, jax_cache_dir):
-    return LLM(tiny_llama_dir, dtype="float32", max_model_len=256, compilation_cache_dir=jax_cache_dir)
+    return LLM(tiny_llama_dir, dtype="float32", max_model_len=256, compilation_cache_dir=jax_cache_dir,
+               compile_ahead=True, max_num_seqs=16, max_num_batched_tokens=64)
 
 
 def _ids(llm, n, length, seed):
