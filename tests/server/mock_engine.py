@@ -67,6 +67,7 @@ class MockAsyncEngine:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.step_delay_s = step_delay_s
+        self.first_step_delay_s = 0.0  # extra wait before a request's first token (a queue or a long prefill)
         self.vocab_size = len(self.tokenizer)
         self.eos_id = self.tokenizer.eos_token_id
         self._blocked = [self.tokenizer.convert_tokens_to_ids(s) for s in SPECIALS if s != "<|im_end|>"]
@@ -168,6 +169,7 @@ class MockAsyncEngine:
         self._active.add(request_id)
         self._stats.prompt_tokens += len(ids)
         try:
+            await asyncio.sleep(self.first_step_delay_s)
             metrics.first_scheduled_time = time.time()
             while True:
                 await asyncio.sleep(self.step_delay_s)

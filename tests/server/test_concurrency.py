@@ -90,6 +90,23 @@ def test_disconnect_aborts_streaming_and_non_streaming(live_server, live_engine)
     assert _wait_for(lambda: live_engine.get_stats().num_requests_running == 0)
 
 
+def test_disconnect_before_the_first_token_aborts(live_server, live_engine, monkeypatch):
+    monkeypatch.setattr(live_engine, "first_step_delay_s", 2.0, raising=False)
+    for stream in (True, False):
+        before = len(live_engine.abort_calls)
+        s = _raw_request(
+            live_server.port,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "stream": stream},
+        )
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        s.close()
+        assert _wait_for(lambda b=before: len(live_engine.abort_calls) > b), f"no abort (stream={stream})"
+        assert time.monotonic() - t0 < 1.5  # found by polling, not by the first token arriving
+        assert live_engine.abort_calls[-1].startswith("chatcmpl-")
+
+
 def test_shutdown_drains_running_requests():
     from tests.server.conftest import make_engine
 
