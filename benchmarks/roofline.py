@@ -228,7 +228,7 @@ def roofline_line(bound: Bound, measured_seconds: float) -> str:
         f"roofline ({bound.hardware}): >= {bound.seconds:.4g} s for this workload "
         f"(prefill {bound.prefill_seconds:.3g} s at {bound.prefill_flops:.3g} FLOP, decode {bound.decode_seconds:.3g} s "
         f"over {bound.decode_steps} steps moving {bound.decode_bytes:.3g} B) = {bound.output_tok_s:,.0f} output tok/s; "
-        f"measured {measured_seconds:.4g} s = {share:.1%} of the bound"
+        f"measured {measured_seconds:.4g} s = {100 * share:.3g}% of the bound"
     )
 
 

@@ -49,7 +49,7 @@ def _f(x: Any, fmt: str = ",.1f") -> str:
 
 def _share(r: dict[str, Any]) -> str:
     roof = r.get("roofline")
-    return "n/a" if not roof else f"{roof['achieved_share']:.1%}"
+    return "n/a" if not roof else f"{100 * roof['achieved_share']:.3g}%"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

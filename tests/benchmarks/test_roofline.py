@@ -74,7 +74,7 @@ def test_llama_8b():
 def test_roofline_line_share():
     b = offline_bound(TOY, [3], [3], max_batch=1, hw=Hardware("toy", 10.0, 100.0))
     line = roofline_line(b, measured_seconds=33.92)
-    assert "50.0% of the bound" in line and "toy" in line
+    assert "= 50% of the bound" in line and "toy" in line
 
 
 def test_bad_inputs():

@@ -54,7 +54,7 @@ def test_summary(tmp_path):
         (tmp_path / f"{i}.json").write_text(json.dumps(r))
     (tmp_path / "other.json").write_text("[1, 2]")
     md = main(["--results-dir", str(tmp_path)]).read_text()
-    assert "| 8 | 80 / 40 | 2.00 | 10.0 | 60.0 | 3.5 | 25.0% | 4.0 |" in md
+    assert "| 8 | 80 / 40 | 2.00 | 10.0 | 60.0 | 3.5 | 25% | 4.0 |" in md
     assert "| 8 | 1.50 | 99.0 | 12.0 | 30.0 | 2.50 | 1.25 | n/a |" in md
     assert "## Concurrency sweep: embedded (sw" in md and "| 1 |" in md
     assert "| engine: embedded | 30.00 | 5.00 |" in md
