@@ -25,6 +25,9 @@ def load_tokenizer(path: str, chat_template: str | None = None):
     except Exception as e:  # transformers raises OSError/ValueError/KeyError/TypeError by case
         raise ValueError(f"cannot load a tokenizer from {path}: {e}") from None
     if chat_template is not None:
+        if os.path.isfile(chat_template):  # vLLM's --chat-template takes a file or the template itself
+            with open(chat_template) as f:
+                chat_template = f.read()
         tok.chat_template = chat_template
     return tok
 

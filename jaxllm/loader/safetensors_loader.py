@@ -25,9 +25,25 @@ def read_hf_config(folder: str) -> dict:
         raise FileNotFoundError(f"{folder} has no config.json; expected a Hugging Face model folder")
     try:
         with open(path) as f:
-            return json.load(f)
+            config = json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    # generation_config.json may name more end-of-turn tokens (Llama 3 instruct): stop on all of them
+    gen_path = os.path.join(folder, "generation_config.json")
+    if os.path.isfile(gen_path):
+        try:
+            with open(gen_path) as f:
+                gen_eos = json.load(f).get("eos_token_id")
+        except json.JSONDecodeError:
+            gen_eos = None
+        ids = []
+        for eos in (config.get("eos_token_id"), gen_eos):
+            for i in eos if isinstance(eos, list) else ([] if eos is None else [eos]):
+                if i not in ids:
+                    ids.append(i)
+        if ids:
+            config["eos_token_id"] = ids
+    return config
 
 
 def safetensors_files(folder: str) -> list[str]:

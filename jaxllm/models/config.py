@@ -7,7 +7,7 @@ GGUF metadata is first translated to an HF-style dict by jaxllm/loader/gguf_load
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -70,7 +70,6 @@ class ModelArchConfig:
     enable_bias: bool = True
     layer_norm_elementwise_affine: bool = True
     final_layer_norm: bool = True
-    extra: tuple[tuple[str, Any], ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):

@@ -50,8 +50,12 @@ def one_line(exc_info) -> str:
 
 
 def test_good_folder_loads(tmp_path):
-    loaded = load_model(ModelSpec(model=make_folder(tmp_path)))
+    folder = make_folder(tmp_path, {**TINY, "eos_token_id": 2})
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [2, 7]}, f)
+    loaded = load_model(ModelSpec(model=folder))
     assert loaded.tokenizer is None and loaded.arch.num_layers == 1
+    assert loaded.arch.eos_token_ids == (2, 7)
 
 
 def test_unsupported_architecture_lists_supported(tmp_path):
