@@ -61,6 +61,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--compilation-cache-dir", default=None)
+    p.add_argument(
+        "--disable-detokenize", action="store_true", help="token ids only (always so without a tokenizer)"
+    )
     p.add_argument("--warmup-prompts", type=int, default=0, help="a small generate before the timed one")
     p.add_argument("--peer", choices=["none", "transformers"], default="none")
     p.add_argument("--peer-timeout", type=float, default=900.0, help="seconds before the peer is given up")
@@ -108,8 +111,13 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
             "raise --max-model-len or shorten --input-len/--output-len"
         )
 
+    # A dummy preset has no tokenizer: there is no text to make.
+    detokenize = not args.disable_detokenize and engine.tokenizer is not None
+
     def params(r: BenchRequest):
-        return SamplingParams(temperature=args.temperature, max_tokens=r.output_len, ignore_eos=True)
+        return SamplingParams(
+            temperature=args.temperature, max_tokens=r.output_len, ignore_eos=True, detokenize=detokenize
+        )
 
     if args.warmup_prompts > 0:
         warm = requests[: args.warmup_prompts]
@@ -127,6 +135,7 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
     out_lens = [len(o.outputs[0].token_ids) for o in outs]
     info = dict(engine.startup_info)
     info["startup_wall_s"] = round(startup_wall, 3)
+    info["detokenize"] = detokenize
     return {
         "elapsed_s": elapsed,
         "input_lens": in_lens,
