@@ -25,7 +25,7 @@ def _prompt(i: int) -> str:
 def test_64_concurrent_streams_match_non_streamed(live_server):
     async def run():
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-        async with httpx.AsyncClient(base_url=live_server.url, timeout=60, limits=limits) as c:
+        async with httpx.AsyncClient(base_url=live_server.url, timeout=600, limits=limits) as c:
 
             async def one(i: int, stream: bool):
                 chat = i % 2 == 0
