@@ -28,7 +28,9 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, served_model_name: str | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.model_name = served_model_name or engine.config.model.served_model_name or engine.loaded.model_name
+        self.model_name = (
+            served_model_name or engine.config.model.served_model_name or engine.loaded.model_name
+        )
         self.max_model_len = engine.max_model_len
         self.startup_info = dict(engine.startup_info, served_model_name=self.model_name)
         self._queues: dict[str, asyncio.Queue] = {}
@@ -37,7 +39,9 @@ class AsyncLLMEngine:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxllm-step")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="jaxllm-step"
+        )
         self.iteration_tokens: list[int] = []  # tokens per step since the last read (for metrics)
         self.errored: BaseException | None = None
 

@@ -134,16 +134,23 @@ class LLMEngine:
             "compilation_cache": self.cache_dir,
         }
         logger.info(
-            "model %s (%s, attention %s) loaded in %.2f s", self.loaded.model_name,
-            self.startup_info["dtype"], backend, self.loaded.load_time_s,
+            "model %s (%s, attention %s) loaded in %.2f s",
+            self.loaded.model_name,
+            self.startup_info["dtype"],
+            backend,
+            self.loaded.load_time_s,
         )
-        logger.info("KV cache: %d blocks of %d tokens, %.3f GiB (%s)", num_blocks, cache.block_size, kv_gib, why)
+        logger.info(
+            "KV cache: %d blocks of %d tokens, %.3f GiB (%s)", num_blocks, cache.block_size, kv_gib, why
+        )
         logger.info(
             "maximum concurrency for %d tokens per request: %.2fx", max_model_len, self.max_concurrency
         )
         logger.info(
             "compiled %d step variants in %.1f s (cache: %s)",
-            self.runner.num_compiled(), self.compile_time_s, self.cache_dir,
+            self.runner.num_compiled(),
+            self.compile_time_s,
+            self.cache_dir,
         )
 
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -176,7 +183,9 @@ class LLMEngine:
             text, ids = None, [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.loaded.arch.vocab_size]
             if bad:
-                raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.loaded.arch.vocab_size})")
+                raise ValueError(
+                    f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.loaded.arch.vocab_size})"
+                )
         else:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:

@@ -63,18 +63,29 @@ class LLM:
             sched_kw["max_model_len"] = max_model_len
         config = EngineConfig(
             model=ModelSpec(
-                model=model, tokenizer=tokenizer, dtype=dtype, load_format=load_format, quantization=quantization,
-                seed=seed, max_model_len=max_model_len, checkpoint_dir=checkpoint_dir,
+                model=model,
+                tokenizer=tokenizer,
+                dtype=dtype,
+                load_format=load_format,
+                quantization=quantization,
+                seed=seed,
+                max_model_len=max_model_len,
+                checkpoint_dir=checkpoint_dir,
             ),
             cache=CacheConfig(
-                block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
-                num_gpu_blocks_override=num_gpu_blocks_override, swap_space_gib=swap_space,
-                enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype,
+                block_size=block_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                num_gpu_blocks_override=num_gpu_blocks_override,
+                swap_space_gib=swap_space,
+                enable_prefix_caching=enable_prefix_caching,
+                kv_cache_dtype=kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(**sched_kw),
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
             runner=RunnerConfig(
-                attention_backend=attention_backend, enforce_eager=enforce_eager, compile_ahead=compile_ahead,
+                attention_backend=attention_backend,
+                enforce_eager=enforce_eager,
+                compile_ahead=compile_ahead,
                 compilation_cache_dir=compilation_cache_dir,
             ),
         )
@@ -96,7 +107,9 @@ class LLM:
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = (
-            [sampling_params] * len(items) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+            [sampling_params] * len(items)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
         )
         if len(params) != len(items):
             raise ValueError(f"sampling_params has {len(params)} entries for {len(items)} prompts")

@@ -53,7 +53,9 @@ class BucketPlan:
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
         tokens = pow2_buckets(min(min_tokens, max_tokens), max_tokens, growth)
         pages = (
-            pow2_buckets(min(8, max_pages_per_seq), max_pages_per_seq, growth) if bucket_pages else [max_pages_per_seq]
+            pow2_buckets(min(8, max_pages_per_seq), max_pages_per_seq, growth)
+            if bucket_pages
+            else [max_pages_per_seq]
         )
         return cls(tuple(tokens), _pow2_ceil(max_num_seqs) if max_num_seqs > 1 else 1, tuple(pages))
 

@@ -19,8 +19,9 @@ import numpy as np
 
 logger = logging.getLogger("jaxllm")
 
-# Memory kept free beyond the estimate: allocator fragmentation and small buffers outside the step.
-_SAFETY_BYTES = 512 << 20
+# Memory kept free beyond the estimate: allocator fragmentation, the sampler's V-wide temporaries and
+# small buffers outside the step (a 512 MiB margin ran out of memory at the Llama-3.1-8B shape).
+_SAFETY_BYTES = 2 << 30
 _CPU_KV_BUDGET_BYTES = int(os.environ.get("JAXLLM_CPU_KV_CACHE_BYTES", 1 << 30))
 
 
@@ -34,7 +35,14 @@ class KVGeometry:
 
     @property
     def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.block_size * self.head_dim * jnp.dtype(self.dtype).itemsize
+        return (
+            2
+            * self.num_layers
+            * self.num_kv_heads
+            * self.block_size
+            * self.head_dim
+            * jnp.dtype(self.dtype).itemsize
+        )
 
     def layer_shape(self, num_blocks: int) -> tuple[int, int, int, int]:
         return (self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
@@ -55,9 +63,12 @@ def num_blocks_for_memory(
     mem = device_memory_budget(util)
     if mem is None:
         n = max(1, min(_CPU_KV_BUDGET_BYTES // geo.bytes_per_block, max_useful_blocks))
-        return n, f"host platform: KV budget {_CPU_KV_BUDGET_BYTES / 2**30:.2f} GiB (JAXLLM_CPU_KV_CACHE_BYTES)"
+        return (
+            n,
+            f"host platform: KV budget {_CPU_KV_BUDGET_BYTES / 2**30:.2f} GiB (JAXLLM_CPU_KV_CACHE_BYTES)",
+        )
     limit, in_use = mem
-    free = limit - in_use - step_temp_bytes - _SAFETY_BYTES
+    free = limit - in_use - step_temp_bytes - _SAFETY_BYTES - int(0.02 * limit)
     n = free // geo.bytes_per_block
     why = (
         f"device memory pool {limit / 2**30:.1f} GiB, weights and buffers {in_use / 2**30:.2f} GiB, "
@@ -108,7 +119,8 @@ class HostSwapSpace:
         self.num_blocks = num_cpu_blocks
         shape = geo.layer_shape(num_cpu_blocks)
         self.layers = [
-            (np.zeros(shape, np.dtype(geo.dtype)), np.zeros(shape, np.dtype(geo.dtype))) for _ in range(geo.num_layers)
+            (np.zeros(shape, np.dtype(geo.dtype)), np.zeros(shape, np.dtype(geo.dtype)))
+            for _ in range(geo.num_layers)
         ]
 
     def swap_out(self, kv_caches, pairs: list[tuple[int, int]]) -> None:

@@ -61,7 +61,10 @@ class ModelRunner:
         self.geometry = kvc.KVGeometry(num_layers, num_kv_heads, head_dim, block_size, jnp.dtype(kv_dtype))
         self.max_pages_per_seq = -(-max_model_len // block_size)
         self.plan = BucketPlan.build(
-            max_num_batched_tokens, max_num_seqs, self.max_pages_per_seq, bucket_pages=bucket_pages,
+            max_num_batched_tokens,
+            max_num_seqs,
+            self.max_pages_per_seq,
+            bucket_pages=bucket_pages,
             growth=bucket_growth,
         )
         self.kv_sharding = kv_sharding
@@ -69,7 +72,9 @@ class ModelRunner:
         self.history_width = 1 << max(6, (max_model_len - 1).bit_length())
         self.kv_caches: list | None = None
         self.swap: kvc.HostSwapSpace | None = None
-        self._model_step = jax.jit(self._model_step_impl, donate_argnums=(1,), static_argnames=("all_logits",))
+        self._model_step = jax.jit(
+            self._model_step_impl, donate_argnums=(1,), static_argnames=("all_logits",)
+        )
         self._sample = jax.jit(sample, static_argnames=("flags",))
         self._prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
 
@@ -84,10 +89,17 @@ class ModelRunner:
     def _abstract_step_args(self, t: int, s: int, b: int, num_blocks: int):
         i32 = jnp.int32
         sds = jax.ShapeDtypeStruct
-        kv = [(sds(self.geometry.layer_shape(num_blocks), self.geometry.dtype),) * 2 for _ in range(self.geometry.num_layers)]
+        kv = [
+            (sds(self.geometry.layer_shape(num_blocks), self.geometry.dtype),) * 2
+            for _ in range(self.geometry.num_layers)
+        ]
         md = AttentionMetadata(
-            positions=sds((t,), i32), slot_mapping=sds((t,), i32), block_tables=sds((s, b), i32),
-            kv_lens=sds((s,), i32), cu_q_lens=sds((s + 1,), i32), num_seqs=sds((1,), i32),
+            positions=sds((t,), i32),
+            slot_mapping=sds((t,), i32),
+            block_tables=sds((s, b), i32),
+            kv_lens=sds((s,), i32),
+            cu_q_lens=sds((s + 1,), i32),
+            num_seqs=sds((1,), i32),
         )
         return kv, sds((t,), i32), md, sds((s,), i32)
 
@@ -133,14 +145,19 @@ class ModelRunner:
             (
                 inputs.input_ids,
                 AttentionMetadata(
-                    positions=inputs.positions, slot_mapping=inputs.slot_mapping,
-                    block_tables=inputs.block_tables, kv_lens=inputs.kv_lens,
-                    cu_q_lens=inputs.cu_q_lens, num_seqs=inputs.num_seqs,
+                    positions=inputs.positions,
+                    slot_mapping=inputs.slot_mapping,
+                    block_tables=inputs.block_tables,
+                    kv_lens=inputs.kv_lens,
+                    cu_q_lens=inputs.cu_q_lens,
+                    num_seqs=inputs.num_seqs,
                 ),
                 inputs.logits_indices,
             )
         )
-        logits, self.kv_caches = self._model_step(self.params, self.kv_caches, ids, md, li, all_logits=all_logits)
+        logits, self.kv_caches = self._model_step(
+            self.params, self.kv_caches, ids, md, li, all_logits=all_logits
+        )
         return logits
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -224,10 +241,17 @@ def _sampling_row(sr: ScheduledRequest) -> SamplingRow:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _padding_inputs(t: int, s: int, b: int) -> StepInputs:
     return StepInputs(
-        input_ids=np.zeros(t, np.int32), positions=np.zeros(t, np.int32), slot_mapping=np.full(t, -1, np.int32),
-        block_tables=np.zeros((s, b), np.int32), kv_lens=np.zeros(s, np.int32), cu_q_lens=np.zeros(s + 1, np.int32),
-        num_seqs=np.zeros(1, np.int32), logits_indices=np.zeros(s, np.int32), num_tokens=0, shape=(t, s, b),
+        input_ids=np.zeros(t, np.int32),
+        positions=np.zeros(t, np.int32),
+        slot_mapping=np.full(t, -1, np.int32),
+        block_tables=np.zeros((s, b), np.int32),
+        kv_lens=np.zeros(s, np.int32),
+        cu_q_lens=np.zeros(s + 1, np.int32),
+        num_seqs=np.zeros(1, np.int32),
+        logits_indices=np.zeros(s, np.int32),
+        num_tokens=0,
+        shape=(t, s, b),
     )

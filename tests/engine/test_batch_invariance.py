@@ -31,8 +31,10 @@ def reference(tiny_llama_dir, jax_cache_dir):
     llm = _make(tiny_llama_dir, jax_cache_dir, enable_prefix_caching=False)
     vocab = llm.llm_engine.loaded.arch.vocab_size
     prompts, params = _workload(vocab)
-    alone = [llm.generate(None, p, prompt_token_ids=[ids], use_tqdm=False)[0].outputs[0].token_ids
-             for ids, p in zip(prompts, params)]
+    alone = [
+        llm.generate(None, p, prompt_token_ids=[ids], use_tqdm=False)[0].outputs[0].token_ids
+        for ids, p in zip(prompts, params)
+    ]
     return prompts, params, alone
 
 
@@ -47,7 +49,7 @@ def test_alone_matches_transformers(tiny_llama_dir, reference):
             out = hf.generate(
                 torch.tensor([ids]), max_new_tokens=p.max_tokens, do_sample=False, min_new_tokens=p.max_tokens
             )
-        assert out[0, len(ids):].tolist() == ours
+        assert out[0, len(ids) :].tolist() == ours
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,15 @@ from jaxllm import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir, jax_cache_dir):
-    return LLM(tiny_llama_dir, dtype="float32", max_model_len=256, compilation_cache_dir=jax_cache_dir,
-               compile_ahead=True, max_num_seqs=16, max_num_batched_tokens=64)
+    return LLM(
+        tiny_llama_dir,
+        dtype="float32",
+        max_model_len=256,
+        compilation_cache_dir=jax_cache_dir,
+        compile_ahead=True,
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+    )
 
 
 def _ids(llm, n, length, seed):
@@ -39,8 +46,12 @@ def test_seeded_sampling_is_batch_invariant(llm):
 
 def test_n_samples_share_prompt_and_differ(llm):
     prompt = _ids(llm, 1, 33, 3)[0]
-    out = llm.generate(None, SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=10, ignore_eos=True),
-                       prompt_token_ids=[prompt], use_tqdm=False)[0]
+    out = llm.generate(
+        None,
+        SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=10, ignore_eos=True),
+        prompt_token_ids=[prompt],
+        use_tqdm=False,
+    )[0]
     assert [o.index for o in out.outputs] == [0, 1, 2, 3]
     assert all(len(o.token_ids) == 10 for o in out.outputs)
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1
@@ -49,8 +60,12 @@ def test_n_samples_share_prompt_and_differ(llm):
 def test_stop_string_excluded_and_included(llm):
     tok = llm.get_tokenizer()
     prompt = _ids(llm, 1, 10, 11)[0]
-    free = llm.generate(None, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
-                        prompt_token_ids=[prompt], use_tqdm=False)[0].outputs[0]
+    free = llm.generate(
+        None,
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        prompt_token_ids=[prompt],
+        use_tqdm=False,
+    )[0].outputs[0]
     text = free.text
     assert text == tok.decode(free.token_ids, skip_special_tokens=True)
     # Pick a stop string from the middle of the greedy text: generation must end right before it.
@@ -59,13 +74,22 @@ def test_stop_string_excluded_and_included(llm):
     if len(stop.strip()) < 2:
         pytest.skip("greedy text too short to cut a stop string from")
     first = text.find(stop)
-    out = llm.generate(None, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
-                       prompt_token_ids=[prompt], use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        None,
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
+        prompt_token_ids=[prompt],
+        use_tqdm=False,
+    )[0].outputs[0]
     assert out.text == text[:first]
     assert out.finish_reason == "stop" and out.stop_reason == stop
-    out2 = llm.generate(None, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop],
-                                             include_stop_str_in_output=True),
-                        prompt_token_ids=[prompt], use_tqdm=False)[0].outputs[0]
+    out2 = llm.generate(
+        None,
+        SamplingParams(
+            temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True
+        ),
+        prompt_token_ids=[prompt],
+        use_tqdm=False,
+    )[0].outputs[0]
     assert out2.text == text[: first + len(stop)]
 
 
@@ -74,14 +98,21 @@ def test_logprobs_match_reference(llm, tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
     prompt = _ids(llm, 1, 9, 21)[0]
-    out = llm.generate(None, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3,
-                                            prompt_logprobs=2),
-                       prompt_token_ids=[prompt], use_tqdm=False)[0]
+    out = llm.generate(
+        None,
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3, prompt_logprobs=2),
+        prompt_token_ids=[prompt],
+        use_tqdm=False,
+    )[0]
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, torch_dtype=torch.float32).eval()
     full = prompt + out.outputs[0].token_ids
     with torch.no_grad():
         logits = hf(torch.tensor([full])).logits[0].double().numpy()
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
     for k, pos in enumerate(out.outputs[0].logprobs):
         row = logp[len(prompt) - 1 + k]
         chosen = out.outputs[0].token_ids[k]
@@ -130,8 +161,9 @@ def test_nothing_compiles_after_warmup(llm):
         params = [
             SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
             if i % 2
-            else SamplingParams(temperature=0.8, top_p=0.95, seed=i, max_tokens=int(rng.integers(1, 40)),
-                                ignore_eos=True)
+            else SamplingParams(
+                temperature=0.8, top_p=0.95, seed=i, max_tokens=int(rng.integers(1, 40)), ignore_eos=True
+            )
             for i in range(40)
         ]
         llm.generate(None, params, prompt_token_ids=prompts, use_tqdm=False)

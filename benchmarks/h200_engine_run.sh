@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One call on an H200: kernel tests compiled for the GPU, the engine's Pallas-vs-reference check, and the
+# offline throughput benchmark at the Llama-3.1-8B shape (random weights). Results go under $OUT.
+set -uo pipefail
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 JAXLLM_CACHE_DIR=/tmp/jaxllm-xla
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+if [ "${SKIP_ENGINE_CHECK:-0}" != 1 ]; then
+  timeout 200 python3 benchmarks/gpu_engine_check.py "$OUT/engine-check.json" 2>&1 | grep -v Warning | tail -4
+fi
+timeout "${THROUGHPUT_TIMEOUT:-420}" python3 benchmarks/throughput.py --model llama-3.1-8b --load-format dummy \
+  --dtype bfloat16 --num-prompts "${NUM_PROMPTS:-1000}" --input-len 512 --output-len 256 --max-model-len 1024 \
+  --max-num-seqs "${MAX_SEQS:-256}" --max-num-batched-tokens "${MAX_TOKENS:-2048}" --warmup-prompts 16 \
+  --output-json "$OUT/throughput-llama8b-1000x512x256.json" 2>&1 | grep -v "Processed prompts" | tail -25
+if [ "${SKIP_KERNEL_TESTS:-0}" != 1 ]; then
+  timeout "${KERNEL_TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider tests/kernels --gpu 2>&1 | tail -4 | tee "$OUT/kernel-tests.log"
+fi
