@@ -142,6 +142,9 @@ class AsyncLLMEngine:
                     await self._wakeup.wait()
                     continue
                 outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                self.iteration_tokens.append(self.engine.last_step_tokens)
+                if len(self.iteration_tokens) > 10_000:  # nobody is reading: keep the newest
+                    del self.iteration_tokens[:5_000]
                 for out in outputs:
                     q = self._queues.get(out.request_id)
                     if q is not None:

@@ -155,6 +155,7 @@ class LLMEngine:
 
         self.output_processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
+        self.last_step_tokens = 0
         self._rng = random.Random(config.model.seed)
         eos = arch.eos_token_ids or []
         tok_eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -257,6 +258,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         sched_out = self.scheduler.schedule()
+        self.last_step_tokens = sched_out.num_scheduled_tokens
         now = time.monotonic()
         for sr in sched_out.scheduled:
             pc = self.output_processor.child_to_parent.get(sr.request.request_id)
