@@ -173,7 +173,10 @@ def summary_markdown(results: list[dict[str, Any]], skipped: list[str]) -> str:
         )
         lines.append("")
     if skipped:
-        lines += ["Not results (skipped): " + ", ".join(skipped), ""]
+        lines += [
+            "Other JSON files here (not in the benchmark result format, skipped): " + ", ".join(skipped),
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -58,4 +58,4 @@ def test_summary(tmp_path):
     assert "| 8 | 1.50 | 99.0 | 12.0 | 30.0 | 2.50 | 1.25 | n/a |" in md
     assert "## Concurrency sweep: embedded (sw" in md and "| 1 |" in md
     assert "| engine: embedded | 30.00 | 5.00 |" in md
-    assert "skipped): other.json" in md
+    assert "skipped): other.json" in md  # listed, not summarized
