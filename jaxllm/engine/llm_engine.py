@@ -164,6 +164,8 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("prompt: this model has no tokenizer; pass token ids instead of text")
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
     def prepare_request(
@@ -221,7 +223,7 @@ class LLMEngine:
                 IncrementalDetokenizer(
                     self.tokenizer, ids, params.skip_special_tokens, params.spaces_between_special_tokens
                 )
-                if params.detokenize
+                if params.detokenize and self.tokenizer is not None
                 else None
             )
             children.append(ChildState(req, i, detok))

@@ -52,8 +52,8 @@ class OutputProcessor:
         for c in parent.children:
             self.child_to_parent[c.request.request_id] = (parent, c)
 
-    def _decode_one(self, tid: int) -> str:
-        return self.tokenizer.decode([tid])
+    def _decode_one(self, tid: int) -> str | None:
+        return self.tokenizer.decode([tid]) if self.tokenizer is not None else None
 
     def _to_position_logprobs(self, lp: TokenLogprobs, row: int) -> PositionLogprobs:
         d: PositionLogprobs = {}
