@@ -1,0 +1,103 @@
+"""Where each parameter and the KV cache live on the "tp" mesh axis (Megatron-style layout).
+
+Rules go by parameter path (see the tree in jaxllm/models/llama.py and opt.py):
+  q_proj, gate_proj, up_proj, fc1 (kernel [in, out], bias [out])   column-parallel: out split  P(None, tp)
+  k_proj, v_proj                                                    column-parallel when N divides the
+                                                                    KV heads, else replicated (below)
+  o_proj, down_proj, fc2 (kernel [in, out])                         row-parallel: in split      P(tp, None)
+  embed_tokens/embedding [V, E], lm_head/kernel [E, V]              vocab-parallel (replicated, with a
+                                                                    warning, when N does not divide V)
+  everything else (norms, row-parallel biases, OPT positions)      replicated                  P()
+XLA's SPMD partitioner turns this into an all-reduce after o_proj and down_proj and a gather of the
+vocab-parallel logits; there is no hand-written communication.
+
+KV heads (vLLM's rule): N % Hkv == 0 or Hkv % N == 0. With N <= Hkv every device owns Hkv / N KV heads.
+With N > Hkv the K/V projections stay replicated and the cache gets N head slots, one per device; device r
+keeps KV head r // (N / Hkv), the one its query heads read (each KV head is stored N / Hkv times).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxllm.parallel.mesh import TP_AXIS
+
+if TYPE_CHECKING:  # models import layers, which import this package
+    from jaxllm.models.config import ModelArchConfig
+
+logger = logging.getLogger("jaxllm")
+
+_COLUMN = re.compile(r"(^|/)(q_proj|gate_proj|up_proj|fc1)/(kernel|bias)$")
+_KV = re.compile(r"(^|/)(k_proj|v_proj)/(kernel|bias)$")
+_ROW = re.compile(r"(^|/)(o_proj|down_proj|fc2)/kernel$")
+_VOCAB_ROWS = re.compile(r"(^|/)embed_tokens/embedding$")
+_VOCAB_COLS = re.compile(r"(^|/)lm_head/kernel$")
+
+
+def validate_tensor_parallel(arch: ModelArchConfig, n: int) -> None:
+    """Raise ValueError naming the numbers when the model cannot be split over `n` devices."""
+    if n == 1:
+        return
+    if arch.num_heads % n:
+        raise ValueError(
+            f"tensor_parallel_size={n} must divide the number of attention heads ({arch.num_heads})"
+        )
+    hkv = arch.num_kv_heads
+    if hkv % n and n % hkv:
+        raise ValueError(
+            f"tensor_parallel_size={n} and the number of KV heads ({hkv}) must divide one another "
+            f"(N % num_kv_heads == 0 or num_kv_heads % N == 0)"
+        )
+    if arch.intermediate_size % n:
+        raise ValueError(
+            f"tensor_parallel_size={n} must divide the MLP intermediate size ({arch.intermediate_size})"
+        )
+
+
+def kv_cache_heads(arch: ModelArchConfig, n: int) -> int:
+    """Head slots of the KV cache's axis 0: Hkv, or N when KV heads are replicated (N > Hkv)."""
+    return max(arch.num_kv_heads, n)
+
+
+def param_partition_spec(path: str, ndim: int, shape: tuple[int, ...], arch: ModelArchConfig, n: int) -> P:
+    if n == 1:
+        return P()
+    if _COLUMN.search(path):
+        return P(None, TP_AXIS) if ndim == 2 else P(TP_AXIS)
+    if _KV.search(path):
+        if arch.num_kv_heads % n:
+            return P()  # N > Hkv: every device computes all KV heads and keeps its own in the cache
+        return P(None, TP_AXIS) if ndim == 2 else P(TP_AXIS)
+    if _ROW.search(path):
+        return P(TP_AXIS, None)
+    vocab_rows, vocab_cols = _VOCAB_ROWS.search(path), _VOCAB_COLS.search(path)
+    if vocab_rows or vocab_cols:
+        vocab = shape[0] if vocab_rows else shape[1]
+        if vocab % n:
+            logger.warning(
+                "vocab size %d is not divisible by tensor_parallel_size=%d: %s is replicated", vocab, n, path
+            )
+            return P()
+        return P(TP_AXIS, None) if vocab_rows else P(None, TP_AXIS)
+    return P()
+
+
+def param_sharding_fn(mesh: Mesh, arch: ModelArchConfig):
+    """`(path, ShapeDtypeStruct) -> NamedSharding` for the loader (which places each param as it loads)."""
+    n = mesh.shape[TP_AXIS]
+
+    def sharding_fn(path: str, sds: jax.ShapeDtypeStruct) -> NamedSharding:
+        return NamedSharding(mesh, param_partition_spec(path, len(sds.shape), tuple(sds.shape), arch, n))
+
+    return sharding_fn
+
+
+def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
+    """Each layer's [Hkv, P, PS, D] pages split on the head axis."""
+    return NamedSharding(mesh, P(TP_AXIS, None, None, None))
