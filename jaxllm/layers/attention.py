@@ -3,13 +3,19 @@
 `(q, k, v, kv_cache, metadata) -> (out, kv_cache)`. The backend is chosen statically: "reference" runs the
 plain-jnp ops of pallas_kernels (any platform; what the CPU uses), "pallas" runs the GPU kernels.
 This is the only module of the model that calls into pallas_kernels.
+
+Under tensor parallelism (a "tp" mesh set by `jaxllm.parallel.mesh_context` while the step is traced) the
+kernels run under `shard_map` over the head axis: each device attends with its own query heads and the
+KV heads (cache pages included) they read; the kernels never see a sharding.
 """
 
 from __future__ import annotations
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
+from jaxllm.parallel.mesh import TP_AXIS, current_tp_mesh
 from pallas_kernels.kv_cache_write import ref_write_kv_cache
 from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
 
@@ -32,6 +38,41 @@ def paged_attention(
     soft_cap: float | None = None,
     sliding_window: int | None = None,
 ) -> tuple[jax.Array, KVCache]:
+    kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)
+    mesh = current_tp_mesh()
+    if mesh is None:
+        return _local_paged_attention(q, k, v, kv_cache, md, **kw)
+    n, hkv, slots = mesh.shape[TP_AXIS], k.shape[1], kv_cache[0].shape[0]
+    # KV heads split with the query heads when N divides them; otherwise (N > Hkv, see
+    # jaxllm/parallel/sharding.py) k/v arrive whole and each device keeps the head its queries read.
+    replicated_kv = hkv % n != 0
+    assert slots == (n if replicated_kv else hkv), (n, hkv, slots)
+    kv_spec = P() if replicated_kv else P(None, TP_AXIS, None)
+
+    def per_device(q, k, v, kv_cache, md):
+        if replicated_kv:
+            i = jax.lax.axis_index(TP_AXIS) // (n // hkv)
+            k = jax.lax.dynamic_slice_in_dim(k, i, 1, axis=1)
+            v = jax.lax.dynamic_slice_in_dim(v, i, 1, axis=1)
+        return _local_paged_attention(q, k, v, kv_cache, md, **kw)
+
+    pages = (P(TP_AXIS, None, None, None), P(TP_AXIS, None, None, None))
+    return jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(
+            P(None, TP_AXIS, None),  # q [T, Hq/N, D]
+            kv_spec,  # k [T, Hkv/N, D] (or [T, Hkv, D] whole when N > Hkv)
+            kv_spec,  # v, as k
+            pages,  # ([Hkv/N or 1, P, PS, D],) * 2: this device's cache heads
+            P(),  # md: every device sees the whole batch
+        ),
+        out_specs=(P(None, TP_AXIS, None), pages),  # out [T, Hq/N, D], kv_cache as given
+        check_vma=False,  # the GPU kernels carry no varying-axis annotations
+    )(q, k, v, kv_cache, md)
+
+
+def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap, sliding_window):
     k_pages, v_pages = kv_cache
     if backend == "pallas":
         from pallas_kernels import gpu_ops  # imported lazily: only GPU hosts need the kernels compiled
