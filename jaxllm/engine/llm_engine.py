@@ -26,6 +26,7 @@ from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentSt
 from jaxllm.layers.attention import resolve_backend
 from jaxllm.loader import load_model
 from jaxllm.outputs import RequestMetrics, RequestOutput
+from jaxllm.parallel import initialize_distributed, plan_tensor_parallel
 from jaxllm.request import Request, RequestStatus
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.sampling_params import SamplingParams
@@ -53,10 +54,12 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, user_set: frozenset[str] = frozenset()):
         """`user_set` names the scheduler fields the user gave explicitly (the rest get platform defaults)."""
         t_start = time.perf_counter()
+        self.distributed = initialize_distributed(config.parallel)  # before any other jax use
         self.cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
         on_host = jax.default_backend() == "cpu"
         backend = resolve_backend(config.runner.attention_backend)
-        self.loaded = load_model(config.model, attn_backend=backend)
+        self.tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, config.model)
+        self.loaded = load_model(config.model, attn_backend=backend, sharding_fn=self.tp.sharding_fn)
         arch = self.loaded.arch
         self.tokenizer = self.loaded.tokenizer
 
@@ -90,7 +93,7 @@ class LLMEngine:
             self.loaded.module,
             self.loaded.params,
             num_layers=arch.num_layers,
-            num_kv_heads=arch.num_kv_heads,
+            num_kv_heads=self.tp.kv_heads(arch.num_kv_heads),
             head_dim=arch.head_dim,
             vocab_size=arch.vocab_size,
             kv_dtype=kv_dtype,
@@ -100,17 +103,20 @@ class LLMEngine:
             max_num_batched_tokens=max_tokens,
             bucket_pages=backend == "reference",
             bucket_growth=4 if on_host else 2,
+            kv_sharding=self.tp.kv_sharding,
         )
-        num_blocks, why = self.runner.determine_num_blocks(
-            cache.gpu_memory_utilization, cache.num_gpu_blocks_override, max_num_seqs
-        )
+        with self.tp.context():
+            num_blocks, why = self.runner.determine_num_blocks(
+                cache.gpu_memory_utilization, cache.num_gpu_blocks_override, max_num_seqs
+            )
         num_cpu_blocks = int(cache.swap_space_gib * 2**30) // self.runner.geometry.bytes_per_block
         self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
         self.scheduler = Scheduler(sched, cache, num_blocks, num_cpu_blocks)
         self.compile_time_s = 0.0
         ahead = config.runner.compile_ahead if config.runner.compile_ahead is not None else not on_host
         if ahead and not config.runner.enforce_eager:
-            self.compile_time_s = self.runner.compile_all()
+            with self.tp.context():
+                self.compile_time_s = self.runner.compile_all()
 
         kv_gib = num_blocks * self.runner.geometry.bytes_per_block / 2**30
         self.max_concurrency = num_blocks * cache.block_size / max_model_len
@@ -266,7 +272,8 @@ class LLMEngine:
             pc = self.output_processor.child_to_parent.get(sr.request.request_id)
             if pc is not None and pc[0].metrics.first_scheduled_time is None:
                 pc[0].metrics.first_scheduled_time = now
-        runner_out = self.runner.execute(sched_out)
+        with self.tp.context():
+            runner_out = self.runner.execute(sched_out)
         for rid, lp in runner_out.prompt_logprobs.items():
             if rid in self.output_processor.child_to_parent:
                 self.output_processor.on_prompt_logprobs(rid, lp)
