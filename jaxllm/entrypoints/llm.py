@@ -24,6 +24,9 @@ class LLM:
         *,
         tokenizer: str | None = None,
         tensor_parallel_size: int = 1,
+        coordinator_address: str | None = None,
+        num_processes: int = 1,
+        process_id: int = 0,
         dtype: str = "auto",
         quantization: str | None = None,
         seed: int = 0,
@@ -81,7 +84,12 @@ class LLM:
                 kv_cache_dtype=kv_cache_dtype,
             ),
             scheduler=SchedulerConfig(**sched_kw),
-            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+            parallel=ParallelConfig(
+                tensor_parallel_size=tensor_parallel_size,
+                coordinator_address=coordinator_address,
+                num_processes=num_processes,
+                process_id=process_id,
+            ),
             runner=RunnerConfig(
                 attention_backend=attention_backend,
                 enforce_eager=enforce_eager,
