@@ -1,0 +1,98 @@
+"""Runs in a fresh process (jax must start with several host devices): engine cases -> JSON on stdout.
+
+    python tests/parallel/tp_worker.py single CASES_JSON   one process, 8 fake CPU devices
+    python tests/parallel/tp_worker.py multi CASE_JSON     one of several processes (jax.distributed)
+
+A case is {"name", "model" (folder), "tp": [sizes]}; each result row holds the greedy token ids, the
+top logprobs of every generated token, per-device parameter bytes and the KV cache layout. The `errors`
+section tries bad tensor_parallel_size values and records the ValueError messages.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53]]
+ENGINE_KW = dict(
+    max_num_seqs=8,
+    max_num_batched_tokens=64,
+    max_model_len=128,
+    compile_ahead=False,
+    compilation_cache_dir="",
+)
+
+
+def run_case(model: str, tp: int, **kw) -> dict:
+    import jax
+
+    from jaxllm import LLM, SamplingParams
+
+    llm = LLM(model, tensor_parallel_size=tp, **ENGINE_KW, **kw)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, logprobs=5, ignore_eos=True, detokenize=False)
+    outs = llm.generate([list(p) for p in PROMPTS], sp, use_tqdm=False)
+    engine = llm.llm_engine
+    per_device: dict[str, int] = {}
+    total = 0
+    params = {"/".join(str(getattr(k, "key", k)) for k in path): x for path, x in
+              jax.tree_util.tree_leaves_with_path(engine.runner.params)}  # fmt: skip
+    replicated, replicated_bytes = [], 0
+    for path, x in params.items():
+        total += x.nbytes
+        if x.sharding.is_fully_replicated and len(x.sharding.device_set) > 1:
+            replicated.append(path)
+            replicated_bytes += x.nbytes
+        for shard in x.addressable_shards:
+            per_device[str(shard.device.id)] = per_device.get(str(shard.device.id), 0) + shard.data.nbytes
+    k_pages = engine.runner.kv_caches[0][0]
+    return {
+        "tp": tp,
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "logprobs": [
+            [{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs
+        ],
+        "param_bytes_total": total,
+        "param_bytes_per_device": per_device,
+        "replicated_params": replicated,
+        "replicated_bytes": replicated_bytes,
+        "kv_shape": list(k_pages.shape),
+        "kv_shard_shape": list(k_pages.addressable_shards[0].data.shape),
+        "kv_num_devices": len(k_pages.sharding.device_set),
+    }
+
+
+def bad_sizes(model: str, sizes: list[int]) -> dict:
+    from jaxllm import LLM
+
+    errors = {}
+    for tp in sizes:
+        try:
+            LLM(model, tensor_parallel_size=tp, **ENGINE_KW)
+            errors[str(tp)] = None
+        except ValueError as e:
+            errors[str(tp)] = str(e)
+    return errors
+
+
+def main() -> None:
+    mode, spec = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "multi":
+        import jax
+
+        from jaxllm import LLM  # noqa: F401  (the engine initializes jax.distributed itself)
+
+        kw = {k: spec[k] for k in ("coordinator_address", "num_processes", "process_id")}
+        row = run_case(spec["model"], spec["tp"], **kw)
+        row["process_count"] = jax.process_count()
+        print("RESULT " + json.dumps(row), flush=True)
+        return
+    results = {"cases": {}, "errors": {}}
+    for case in spec["cases"]:
+        results["cases"][case["name"]] = [run_case(case["model"], tp) for tp in case["tp"]]
+    for case in spec.get("bad", []):
+        results["errors"][case["name"]] = bad_sizes(case["model"], case["tp"])
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
