@@ -50,7 +50,7 @@ class KVGeometry:
 
 def device_memory_budget(util: float) -> tuple[int, int] | None:
     """(limit, in_use) bytes of the first device, or None where the platform reports no memory stats."""
-    stats = jax.devices()[0].memory_stats()
+    stats = jax.local_devices()[0].memory_stats()  # addressable on every host
     if not stats or "bytes_limit" not in stats:
         return None
     return int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
