@@ -43,6 +43,13 @@ def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -
     p.add_argument("--host", default=None, help="bind address (default: all interfaces)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument(
+        "--coordinator-address",
+        default=None,
+        help="host:port of process 0 for a mesh over several hosts (also JAXLLM_COORDINATOR_ADDRESS)",
+    )
+    p.add_argument("--num-processes", type=int, default=1, help="processes (hosts) in the mesh")
+    p.add_argument("--process-id", type=int, default=0, help="this process's rank, 0 .. num_processes-1")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-num-seqs", type=int, default=None)
@@ -151,7 +158,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         ),
         cache=CacheConfig(**cache),
         scheduler=SchedulerConfig(**sched),
-        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
+        parallel=ParallelConfig(
+            tensor_parallel_size=args.tensor_parallel_size,
+            coordinator_address=args.coordinator_address,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+        ),
         runner=RunnerConfig(**runner),
     )
 
@@ -193,6 +205,12 @@ def serve(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     config = engine_config_from_args(args)
+    if max(config.parallel.num_processes, int(os.environ.get("JAXLLM_NUM_PROCESSES") or 1)) > 1:
+        # Followers would have to replay process 0's schedule step by step; that loop is not built yet.
+        raise SystemExit(
+            "serving from several processes is not supported yet; run LLM.generate with the same inputs "
+            "on every host (see jaxllm/parallel/distributed.py)"
+        )
     logger.info("jaxllm API server; engine config: %s", config)
     engine = AsyncLLMEngine.from_config(config, user_set=user_set_fields(args))
     app = build_app(
