@@ -1,0 +1,127 @@
+"""In-process checks of the parallel plumbing that need no devices: path rules, size checks, settings."""
+
+from __future__ import annotations
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxllm.config import ParallelConfig
+from jaxllm.models.config import ModelArchConfig
+from jaxllm.parallel import (
+    kv_cache_heads,
+    param_partition_spec,
+    resolve_distributed,
+    validate_tensor_parallel,
+)
+from jaxllm.parallel.mesh import build_mesh
+
+
+def llama_arch(
+    heads: int = 8, kv_heads: int = 2, intermediate: int = 128, vocab: int = 384
+) -> ModelArchConfig:
+    return ModelArchConfig.from_hf(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": vocab,
+            "hidden_size": 16 * heads,
+            "intermediate_size": intermediate,
+            "num_hidden_layers": 1,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "max_position_embeddings": 128,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "shape", "n", "want"),
+    [
+        ("layers_0/attn/q_proj/kernel", (128, 128), 4, P(None, "tp")),
+        ("layers_0/attn/q_proj/bias", (128,), 4, P("tp")),
+        ("layers_0/attn/k_proj/kernel", (128, 32), 2, P(None, "tp")),  # 2 KV heads over 2
+        ("layers_0/attn/k_proj/kernel", (128, 32), 4, P()),  # 2 KV heads over 4: replicated
+        ("layers_0/attn/v_proj/bias", (32,), 8, P()),
+        ("layers_0/attn/o_proj/kernel", (128, 128), 4, P("tp", None)),
+        ("layers_0/attn/o_proj/bias", (128,), 4, P()),
+        ("layers_0/mlp/gate_proj/kernel", (128, 128), 8, P(None, "tp")),
+        ("layers_0/mlp/up_proj/kernel", (128, 128), 8, P(None, "tp")),
+        ("layers_0/mlp/down_proj/kernel", (128, 128), 8, P("tp", None)),
+        ("layers_0/mlp/fc1/kernel", (128, 128), 8, P(None, "tp")),
+        ("layers_0/mlp/fc2/kernel", (128, 128), 8, P("tp", None)),
+        ("embed_tokens/embedding", (384, 128), 8, P("tp", None)),
+        ("lm_head/kernel", (128, 384), 8, P(None, "tp")),
+        ("embed_tokens/embedding", (385, 128), 8, P()),  # vocab not divisible: replicated
+        ("layers_0/input_norm/scale", (128,), 8, P()),
+        ("layers_0/attn/q_norm/scale", (16,), 8, P()),
+        ("embed_positions/embedding", (130, 128), 8, P()),
+        ("layers_0/attn/q_proj/kernel", (128, 128), 1, P()),
+    ],
+)
+def test_partition_rules(path, shape, n, want):
+    assert param_partition_spec(path, len(shape), shape, llama_arch(), n) == want
+
+
+def test_kv_cache_heads():
+    assert [kv_cache_heads(llama_arch(kv_heads=2), n) for n in (1, 2, 4, 8)] == [2, 2, 4, 8]
+    assert kv_cache_heads(llama_arch(kv_heads=8), 4) == 8
+
+
+@pytest.mark.parametrize(
+    ("arch", "n", "words"),
+    [
+        (llama_arch(heads=12, kv_heads=4), 5, ["tensor_parallel_size=5", "attention heads (12)"]),
+        (llama_arch(heads=12, kv_heads=4), 6, ["tensor_parallel_size=6", "KV heads (4)"]),
+        (llama_arch(intermediate=100), 8, ["tensor_parallel_size=8", "intermediate size (100)"]),
+    ],
+)
+def test_bad_sizes(arch, n, words):
+    with pytest.raises(ValueError) as e:
+        validate_tensor_parallel(arch, n)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_good_sizes_pass():
+    for n in (1, 2, 4, 8):
+        validate_tensor_parallel(llama_arch(heads=8, kv_heads=2), n)
+
+
+def test_more_devices_than_exist():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=64 exceeds the \d+ cpu device"):
+        build_mesh(64)
+    assert build_mesh(1) is None
+
+
+def test_distributed_settings_from_env(monkeypatch):
+    monkeypatch.setenv("JAXLLM_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    monkeypatch.setenv("JAXLLM_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAXLLM_PROCESS_ID", "3")
+    s = resolve_distributed(ParallelConfig())
+    assert (s.coordinator_address, s.num_processes, s.process_id) == ("10.0.0.1:1234", 4, 3)
+    s = resolve_distributed(ParallelConfig(coordinator_address="h:1", num_processes=2, process_id=1))
+    assert (s.coordinator_address, s.num_processes, s.process_id) == ("h:1", 2, 1)  # config wins
+    monkeypatch.delenv("JAXLLM_COORDINATOR_ADDRESS")
+    with pytest.raises(ValueError, match="coordinator_address"):
+        resolve_distributed(ParallelConfig())
+    monkeypatch.setenv("JAXLLM_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="JAXLLM_NUM_PROCESSES='two'"):
+        resolve_distributed(ParallelConfig())
+
+
+def test_cli_flags_reach_the_config():
+    from server.cli import engine_config_from_args, parse_args
+
+    args = parse_args(
+        [
+            "m",
+            "--tensor-parallel-size",
+            "4",
+            "--coordinator-address",
+            "h:9",
+            "--num-processes",
+            "2",
+            "--process-id",
+            "1",
+        ]  # fmt: skip
+    )
+    p = engine_config_from_args(args).parallel
+    assert (p.tensor_parallel_size, p.coordinator_address, p.num_processes, p.process_id) == (4, "h:9", 2, 1)
