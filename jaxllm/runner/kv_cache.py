@@ -57,9 +57,12 @@ def device_memory_budget(util: float) -> tuple[int, int] | None:
 
 
 def num_blocks_for_memory(
-    geo: KVGeometry, util: float, step_temp_bytes: int, max_useful_blocks: int
+    geo: KVGeometry, util: float, step_temp_bytes: int, max_useful_blocks: int, shards: int = 1
 ) -> tuple[int, str]:
-    """How many KV blocks fit, and a sentence saying how that was decided (for the startup log)."""
+    """How many KV blocks fit, and a sentence saying how that was decided (for the startup log).
+
+    `shards`: devices the cache is split over (tensor parallel); the device budget is one device's.
+    """
     mem = device_memory_budget(util)
     if mem is None:
         n = max(1, min(_CPU_KV_BUDGET_BYTES // geo.bytes_per_block, max_useful_blocks))
@@ -69,7 +72,7 @@ def num_blocks_for_memory(
         )
     limit, in_use = mem
     free = limit - in_use - step_temp_bytes - _SAFETY_BYTES - int(0.02 * limit)
-    n = free // geo.bytes_per_block
+    n = free // (geo.bytes_per_block // shards)
     why = (
         f"device memory pool {limit / 2**30:.1f} GiB, weights and buffers {in_use / 2**30:.2f} GiB, "
         f"largest step's temporaries {step_temp_bytes / 2**30:.2f} GiB"

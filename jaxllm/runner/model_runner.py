@@ -116,7 +116,8 @@ class ModelRunner:
             return override, "num_gpu_blocks_override"
         useful = max_num_seqs * self.max_pages_per_seq + 1
         temp = self.largest_step_temp_bytes() if jax.default_backend() != "cpu" else 0
-        return kvc.num_blocks_for_memory(self.geometry, util, temp, useful)
+        shards = len(self.kv_sharding.device_set) if self.kv_sharding is not None else 1
+        return kvc.num_blocks_for_memory(self.geometry, util, temp, useful, shards)
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int = 0) -> None:
         self.num_blocks = num_blocks
