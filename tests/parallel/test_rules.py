@@ -125,3 +125,21 @@ def test_cli_flags_reach_the_config():
     )
     p = engine_config_from_args(args).parallel
     assert (p.tensor_parallel_size, p.coordinator_address, p.num_processes, p.process_id) == (4, "h:9", 2, 1)
+
+
+def test_device_kv_budget_counts_one_shard(monkeypatch):
+    """A device budget holds 1/N of each block when the cache is split over N devices."""
+    import jax.numpy as jnp
+
+    from jaxllm.runner import kv_cache as kvc
+
+    geo = kvc.KVGeometry(num_layers=2, num_kv_heads=8, head_dim=16, block_size=16, dtype=jnp.float32)
+    free = 100 * geo.bytes_per_block
+    limit = 10 << 30
+    monkeypatch.setattr(
+        kvc,
+        "device_memory_budget",
+        lambda util: (limit, limit - free - kvc._SAFETY_BYTES - int(0.02 * limit)),
+    )
+    assert kvc.num_blocks_for_memory(geo, 0.9, 0, 10**6)[0] == 100
+    assert kvc.num_blocks_for_memory(geo, 0.9, 0, 10**6, shards=4)[0] == 400
