@@ -23,15 +23,25 @@ ENGINE_KW = dict(
 )
 
 
-def run_case(model: str, tp: int, **kw) -> dict:
+def run_case(model: str, tp: int, role: str = "replay", **kw) -> dict:
+    """role "replay": generate here; "lead": generate and publish each step; "follow": replay the leader."""
     import jax
 
     from jaxllm import LLM, SamplingParams
+    from jaxllm.parallel.follower import follow, lead
 
     llm = LLM(model, tensor_parallel_size=tp, **ENGINE_KW, **kw)
-    sp = SamplingParams(max_tokens=6, temperature=0.0, logprobs=5, ignore_eos=True, detokenize=False)
-    outs = llm.generate([list(p) for p in PROMPTS], sp, use_tqdm=False)
     engine = llm.llm_engine
+    sp = SamplingParams(max_tokens=6, temperature=0.0, logprobs=5, ignore_eos=True, detokenize=False)
+    outs, steps = [], 0
+    if role == "follow":
+        steps = follow(engine)
+    else:
+        channel = lead(engine) if role == "lead" else None
+        outs = llm.generate([list(p) for p in PROMPTS], sp, use_tqdm=False)
+        if channel is not None:
+            steps = channel.step
+            channel.stop()
     per_device: dict[str, int] = {}
     total = 0
     params = {"/".join(str(getattr(k, "key", k)) for k in path): x for path, x in
@@ -47,6 +57,7 @@ def run_case(model: str, tp: int, **kw) -> dict:
     k_pages = engine.runner.kv_caches[0][0]
     return {
         "tp": tp,
+        "steps": steps,
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "logprobs": [
             [{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs
@@ -81,7 +92,7 @@ def main() -> None:
 
         from jaxllm import LLM  # noqa: F401  (the engine initializes jax.distributed itself)
 
-        kw = {k: spec[k] for k in ("coordinator_address", "num_processes", "process_id")}
+        kw = {k: spec[k] for k in ("coordinator_address", "num_processes", "process_id", "role")}
         row = run_case(spec["model"], spec["tp"], **kw)
         row["process_count"] = jax.process_count()
         print("RESULT " + json.dumps(row), flush=True)
