@@ -58,6 +58,7 @@ class LLMEngine:
         self.cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
         on_host = jax.default_backend() == "cpu"
         backend = resolve_backend(config.runner.attention_backend)
+        self.step_channel = None  # set on process 0 by jaxllm.parallel.follower.lead (several hosts)
         self.tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, config.model)
         self.loaded = load_model(config.model, attn_backend=backend, sharding_fn=self.tp.sharding_fn)
         arch = self.loaded.arch
@@ -272,6 +273,8 @@ class LLMEngine:
             pc = self.output_processor.child_to_parent.get(sr.request.request_id)
             if pc is not None and pc[0].metrics.first_scheduled_time is None:
                 pc[0].metrics.first_scheduled_time = now
+        if self.step_channel is not None:
+            self.step_channel.publish(sched_out)
         with self.tp.context():
             runner_out = self.runner.execute(sched_out)
         for rid, lp in runner_out.prompt_logprobs.items():
