@@ -205,14 +205,18 @@ def serve(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     config = engine_config_from_args(args)
-    if max(config.parallel.num_processes, int(os.environ.get("JAXLLM_NUM_PROCESSES") or 1)) > 1:
-        # Followers would have to replay process 0's schedule step by step; that loop is not built yet.
-        raise SystemExit(
-            "serving from several processes is not supported yet; run LLM.generate with the same inputs "
-            "on every host (see jaxllm/parallel/distributed.py)"
-        )
     logger.info("jaxllm API server; engine config: %s", config)
     engine = AsyncLLMEngine.from_config(config, user_set=user_set_fields(args))
+    channel = None
+    dist = engine.engine.distributed
+    if dist.num_processes > 1:  # one mesh over several hosts: process 0 serves, the others follow
+        from jaxllm.parallel.follower import follow, lead
+
+        if dist.process_id != 0:
+            logger.info("process %d replays the steps of process 0 (which serves HTTP)", dist.process_id)
+            follow(engine.engine)
+            return
+        channel = lead(engine.engine)
     app = build_app(
         engine,
         served_model_names=args.served_model_name,
@@ -225,7 +229,11 @@ def serve(args: argparse.Namespace) -> None:
         dict(engine.startup_info), engine.max_model_len, f"http://{shown_host}:{args.port}"
     ):
         logger.info(line)
-    uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port, log_level=args.uvicorn_log_level)
+    try:
+        uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port, log_level=args.uvicorn_log_level)
+    finally:
+        if channel is not None:
+            channel.stop()  # lets the followers return
 
 
 def main(argv: list[str] | None = None) -> None:
