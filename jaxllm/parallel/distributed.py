@@ -4,12 +4,13 @@ Settings come from ParallelConfig (coordinator_address, num_processes, process_i
 leaves them at their defaults, from JAXLLM_COORDINATOR_ADDRESS, JAXLLM_NUM_PROCESSES, JAXLLM_PROCESS_ID.
 It must run before anything else touches a jax backend (LLMEngine calls it first thing).
 
-How the processes cooperate: every process runs the same engine on the same inputs. The scheduler is
-deterministic (same requests in the same order -> same SchedulerOutput each step, sampling seeds included),
-so each process feeds the same step to its own devices and XLA's collectives join them into one program
-over the global mesh. Offline (`LLM.generate`), start the same script on every host. The HTTP server is
-served by process 0 only; a follower loop that replays process 0's schedule on the others is not built
-yet, so multi-host serving is limited to the offline path for now.
+How the processes cooperate, two ways (every process builds the engine with the same config):
+- offline (`LLM.generate`): start the same script with the same inputs on every host. The scheduler is
+  deterministic (same requests in the same order -> same SchedulerOutput each step, sampling seeds
+  included), so each process feeds the same steps to its own devices and XLA's collectives join them
+  into one program over the global mesh.
+- serving (`jaxllm serve ... --num-processes N --process-id i`): process 0 serves HTTP, schedules, and
+  publishes each step; the other processes replay those steps (jaxllm/parallel/follower.py).
 """
 
 from __future__ import annotations
