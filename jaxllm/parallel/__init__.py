@@ -7,7 +7,7 @@ ParallelConfig -> initialize_distributed (multi-host only, before any other jax 
                                    attention layer runs its kernels under shard_map.
 """
 
-from jaxllm.parallel.distributed import initialize_distributed, resolve_distributed
+from jaxllm.parallel.distributed import agree_on_min, initialize_distributed, resolve_distributed
 from jaxllm.parallel.mesh import TP_AXIS, build_mesh, current_tp_mesh, mesh_context
 from jaxllm.parallel.plan import TensorParallelPlan, plan_tensor_parallel
 from jaxllm.parallel.sharding import (
@@ -21,6 +21,7 @@ from jaxllm.parallel.sharding import (
 __all__ = [
     "TP_AXIS",
     "TensorParallelPlan",
+    "agree_on_min",
     "build_mesh",
     "current_tp_mesh",
     "initialize_distributed",

@@ -77,3 +77,14 @@ def initialize_distributed(parallel) -> DistributedSettings:
         s.process_id, s.num_processes, s.coordinator_address, jax.device_count(), jax.local_device_count(),
     )  # fmt: skip
     return s
+
+
+def agree_on_min(value: int) -> int:
+    """The smallest of every process's `value` (e.g. KV blocks: each host measures its own free memory,
+    but all must allocate the same cache); the value itself with one process."""
+    if jax.process_count() == 1:
+        return value
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return int(np.min(multihost_utils.process_allgather(np.int64(value))))
