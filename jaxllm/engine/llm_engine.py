@@ -26,7 +26,7 @@ from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentSt
 from jaxllm.layers.attention import resolve_backend
 from jaxllm.loader import load_model
 from jaxllm.outputs import RequestMetrics, RequestOutput
-from jaxllm.parallel import initialize_distributed, plan_tensor_parallel
+from jaxllm.parallel import agree_on_min, initialize_distributed, plan_tensor_parallel
 from jaxllm.request import Request, RequestStatus
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.sampling_params import SamplingParams
@@ -110,6 +110,7 @@ class LLMEngine:
             num_blocks, why = self.runner.determine_num_blocks(
                 cache.gpu_memory_utilization, cache.num_gpu_blocks_override, max_num_seqs
             )
+        num_blocks = agree_on_min(num_blocks)  # every host allocates the same cache
         num_cpu_blocks = int(cache.swap_space_gib * 2**30) // self.runner.geometry.bytes_per_block
         self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
         self.scheduler = Scheduler(sched, cache, num_blocks, num_cpu_blocks)
