@@ -208,8 +208,9 @@ def serve(args: argparse.Namespace) -> None:
     logger.info("jaxllm API server; engine config: %s", config)
     engine = AsyncLLMEngine.from_config(config, user_set=user_set_fields(args))
     channel = None
-    dist = engine.engine.distributed
-    if dist.num_processes > 1:  # one mesh over several hosts: process 0 serves, the others follow
+    # One mesh over several hosts: process 0 serves, the others follow (a stand-in engine has no .engine).
+    dist = getattr(getattr(engine, "engine", None), "distributed", None)
+    if dist is not None and dist.num_processes > 1:
         from jaxllm.parallel.follower import follow, lead
 
         if dist.process_id != 0:
