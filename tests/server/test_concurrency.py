@@ -3,7 +3,6 @@ non-streamed greedy output. Also: disconnects abort, shutdown drains."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import threading
@@ -13,7 +12,7 @@ import httpx
 
 from server.app import build_app
 from tests.server.conftest import LiveServer
-from tests.server.sse import finish_reasons, parse_sse, stream_texts
+from tests.server.sse import finish_reasons, parse_sse, stream_texts, streams_and_non_streamed
 
 WORDS = "the cat dog sat on mat and ran fast slow red blue green sky sea sun moon star tree river".split()
 
@@ -23,35 +22,7 @@ def _prompt(i: int) -> str:
 
 
 def test_64_concurrent_streams_match_non_streamed(live_server):
-    async def run():
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-        async with httpx.AsyncClient(base_url=live_server.url, timeout=600, limits=limits) as c:
-
-            async def one(i: int, stream: bool):
-                chat = i % 2 == 0
-                body = {"temperature": 0, "max_tokens": 24, "stream": stream}
-                if chat:
-                    body["messages"] = [{"role": "user", "content": _prompt(i)}]
-                else:
-                    body["prompt"] = _prompt(i)
-                route = "/v1/chat/completions" if chat else "/v1/completions"
-                if not stream:
-                    r = await c.post(route, json=body)
-                    assert r.status_code == 200, r.text
-                    ch = r.json()["choices"][0]
-                    return (ch["message"]["content"] if chat else ch["text"]), ch["finish_reason"]
-                async with c.stream("POST", route, json=body) as r:
-                    assert r.status_code == 200
-                    text = "".join([part async for part in r.aiter_text()])
-                chunks = parse_sse(text)
-                return stream_texts(chunks, chat)[0], finish_reasons(chunks)[0]
-
-            expected = await asyncio.gather(*(one(i, False) for i in range(64)))
-            t0 = time.monotonic()
-            got = await asyncio.gather(*(one(i, True) for i in range(64)))
-            return expected, got, time.monotonic() - t0
-
-    expected, got, elapsed = asyncio.run(run())
+    expected, got = streams_and_non_streamed(live_server.url, _prompt, 64, 24)
     assert got == expected
     assert len({t for t, _ in expected}) > 8  # the prompts really differ
 

@@ -4,16 +4,13 @@ non-streamed greedy output."""
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
 import pytest
 
 from jaxllm.config import CacheConfig, EngineConfig, ModelSpec, SchedulerConfig
 from jaxllm.engine.async_engine import AsyncLLMEngine
 from server.app import build_app
 from tests.server.conftest import LiveServer
-from tests.server.sse import finish_reasons, parse_sse, stream_texts
+from tests.server.sse import first_difference_is_a_near_tie, streams_and_non_streamed
 
 PROMPTS = [
     "The capital of France is",
@@ -57,35 +54,19 @@ def test_openai_client_chat_on_the_embedded_model(real_server):
 
 
 def test_64_streams_equal_non_streamed_on_the_embedded_model(real_server):
-    async def run():
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-        async with httpx.AsyncClient(base_url=real_server.url, timeout=900, limits=limits) as c:
-
-            async def one(i: int, stream: bool):
-                chat = i % 2 == 0
-                body = {"temperature": 0, "max_tokens": 10, "stream": stream}
-                text = f"{PROMPTS[i % len(PROMPTS)]} ({i})"
-                if chat:
-                    body["messages"] = [{"role": "user", "content": text}]
-                else:
-                    body["prompt"] = text
-                route = "/v1/chat/completions" if chat else "/v1/completions"
-                if not stream:
-                    r = await c.post(route, json=body)
-                    assert r.status_code == 200, r.text
-                    ch = r.json()["choices"][0]
-                    return (ch["message"]["content"] if chat else ch["text"]), ch["finish_reason"]
-                async with c.stream("POST", route, json=body) as r:
-                    assert r.status_code == 200
-                    raw = "".join([part async for part in r.aiter_text()])
-                chunks = parse_sse(raw)
-                assert raw.rstrip().endswith("data: [DONE]")
-                return stream_texts(chunks, chat)[0], finish_reasons(chunks)[0]
-
-            expected = await asyncio.gather(*(one(i, False) for i in range(64)))
-            got = await asyncio.gather(*(one(i, True) for i in range(64)))
-            return expected, got
-
-    expected, got = asyncio.run(run())
-    assert got == expected
+    top2: list = []
+    expected, got = streams_and_non_streamed(
+        real_server.url, lambda i: f"{PROMPTS[i % len(PROMPTS)]} ({i})", 64, 10, top2=top2
+    )
     assert len({t for t, _ in expected}) > 8
+    # The two rounds are batched differently, and XLA's CPU matmuls round differently for different
+    # padded shapes: a greedy near-tie (top-2 gap under 1e-3 nats) may flip. Every other stream must be
+    # exactly its non-streamed text, and most must match whole.
+    differ = [i for i in range(64) if got[i] != expected[i]]
+    for i in differ:
+        assert first_difference_is_a_near_tie(expected[i][0], got[i][0], top2[i], 1e-3), (
+            i,
+            expected[i],
+            got[i],
+        )
+    assert len(differ) <= 4, differ
