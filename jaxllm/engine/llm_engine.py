@@ -295,11 +295,11 @@ class LLMEngine:
                 req, new_tokens.get(req.request_id, []), runner_out.logprobs.get(req.request_id)
             )
             if stop is not None and not req.is_finished:
-                stopped.append((req.request_id, stop))
+                stopped.append((req, stop))
             touched[pc[0].request_id] = None
-        for rid, stop in stopped:
-            self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)
-            self.scheduler_request_stop_reason(rid, stop)
+        for req, stop in stopped:
+            self.scheduler.finish_requests([req.request_id], RequestStatus.FINISHED_STOPPED)
+            req.stop_reason = stop
         outputs = []
         for pid in touched:
             out = self.output_processor.make_output(pid)
@@ -307,11 +307,6 @@ class LLMEngine:
             if out.finished:
                 self.output_processor.remove(pid)
         return outputs
-
-    def scheduler_request_stop_reason(self, child_id: str, stop: str) -> None:
-        pc = self.output_processor.child_to_parent.get(child_id)
-        if pc is not None:
-            pc[1].request.stop_reason = stop
 
     def get_stats(self) -> EngineStats:
         return self.scheduler.get_stats()

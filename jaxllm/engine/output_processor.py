@@ -117,8 +117,8 @@ class OutputProcessor:
                 hold = stop_holdback_len(text, r.sampling_params.stop_list)
                 text = text[: len(text) - hold] if hold else text
             if done and c.detok is not None and c.stopped_text is None:
-                text = c.text + c.detok.flush() if hasattr(c.detok, "flush") else c.text
-                c.text = text
+                c.text += c.detok.flush()
+                text = c.text
             outs.append(
                 CompletionOutput(
                     index=c.index,
