@@ -124,12 +124,22 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         llm.generate([r.prompt for r in warm], [params(r) for r in warm], use_tqdm=False)
 
     prompts = [r.prompt for r in requests]
+    timing = engine.runner.timing
+    steps0, wait0 = timing.steps, timing.wait_s
     t0 = time.perf_counter()
     if all(isinstance(p, list) for p in prompts):
         outs = llm.generate(None, [params(r) for r in requests], prompt_token_ids=prompts, use_tqdm=False)
     else:
         outs = llm.generate(prompts, [params(r) for r in requests], use_tqdm=False)
     elapsed = time.perf_counter() - t0
+    steps, wait = timing.steps - steps0, timing.wait_s - wait0
+    breakdown = {
+        "steps": steps,
+        "mean_step_ms": 1e3 * elapsed / max(steps, 1),
+        "device_wait_s": round(wait, 3),
+        "host_s": round(elapsed - wait, 3),
+        "host_share": (elapsed - wait) / elapsed if elapsed > 0 else 0.0,
+    }
 
     in_lens = [len(o.prompt_token_ids) for o in outs]
     out_lens = [len(o.outputs[0].token_ids) for o in outs]
@@ -141,6 +151,7 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         "input_lens": in_lens,
         "output_lens": out_lens,
         "startup": info,
+        "step_breakdown": breakdown,
         "arch": engine.loaded.arch,
         "max_num_seqs": info.get("max_num_seqs") or len(requests),
     }
@@ -184,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     run = run_engine(args, requests)
     res = summarize(run["elapsed_s"], run["input_lens"], run["output_lens"])
+    res["step_breakdown"] = run["step_breakdown"]
     startup = run["startup"]
     shape = ModelShape.from_arch(run["arch"], startup.get("dtype", "bfloat16"), startup.get("kv_cache_dtype"))
     bound = offline_bound(
@@ -232,6 +244,12 @@ def print_report(result: dict[str, Any]) -> None:
                 f"peer ({p['peer']} {p.get('transformers_version')}, {p.get('dtype')}): {p['output_tok_s']:,.1f} "
                 f"output tok/s, {p['total_tok_s']:,.1f} total tok/s over {p.get('generation_span_s') or p['wall_s']} s"
             )
+    b = r.get("step_breakdown")
+    if b:
+        print(
+            f"steps: {b['steps']} ({b['mean_step_ms']:.2f} ms each); blocked on the device {b['device_wait_s']} s, "
+            f"host work the device waited for {b['host_s']} s ({b['host_share']:.0%} of the wall time)"
+        )
     print(result["roofline"]["line"])
 
 

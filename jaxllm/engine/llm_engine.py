@@ -266,7 +266,9 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, *, finished_only: bool = False) -> list[RequestOutput]:
+        """One engine step. `finished_only` (offline generate): build RequestOutputs only for finished
+        requests, skipping the per-step snapshot of every running one."""
         sched_out = self.scheduler.schedule()
         self.last_step_tokens = sched_out.num_scheduled_tokens
         now = time.monotonic()
@@ -302,6 +304,10 @@ class LLMEngine:
             req.stop_reason = stop
         outputs = []
         for pid in touched:
+            if finished_only and not all(
+                c.request.is_finished for c in self.output_processor.parents[pid].children
+            ):
+                continue
             out = self.output_processor.make_output(pid)
             outputs.append(out)
             if out.finished:

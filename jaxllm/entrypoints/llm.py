@@ -135,7 +135,7 @@ class LLM:
         results: list[RequestOutput | None] = [None] * len(parents)
         bar = _progress(len(parents), use_tqdm)
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            for out in engine.step(finished_only=True):
                 if out.finished:
                     results[order[out.request_id]] = out
                     if bar is not None:

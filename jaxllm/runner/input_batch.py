@@ -3,6 +3,9 @@
 Requests keep the scheduler's order. Row layout of the flattened batch: request r's new tokens occupy
 rows cu_q_lens[r]:cu_q_lens[r+1]; rows past the last request are padding (slot -1, token 0). Logits are
 computed only at `logits_indices` (the last row of each request; padding sequences point at row 0).
+
+All arrays of a step are views into ONE int32 buffer (`StepInputs.packed`, laid out by `packed_layout`),
+so a step costs a single host-to-device copy; the jitted step slices it apart with static offsets.
 """
 
 from __future__ import annotations
@@ -27,6 +30,42 @@ class StepInputs:
     logits_indices: np.ndarray  # i32[S]
     num_tokens: int  # real (unpadded) rows
     shape: tuple[int, int, int]  # (T, S, B) bucket
+    packed: np.ndarray  # i32[packed_size(T, S, B)]: every array above, as views into this buffer
+
+
+# Field order and length of each array inside the packed buffer.
+def packed_layout(t: int, s: int, b: int) -> list[tuple[str, int, tuple[int, ...]]]:
+    return [
+        ("input_ids", t, (t,)),
+        ("positions", t, (t,)),
+        ("slot_mapping", t, (t,)),
+        ("kv_lens", s, (s,)),
+        ("cu_q_lens", s + 1, (s + 1,)),
+        ("num_seqs", 1, (1,)),
+        ("logits_indices", s, (s,)),
+        ("block_tables", s * b, (s, b)),
+    ]
+
+
+def packed_size(t: int, s: int, b: int) -> int:
+    return sum(n for _, n, _ in packed_layout(t, s, b))
+
+
+def unpack(packed, shape: tuple[int, int, int]) -> dict:
+    """Split a packed buffer (numpy or jax, 1-D) into its named arrays; offsets are static."""
+    out, off = {}, 0
+    for name, n, shp in packed_layout(*shape):
+        out[name] = packed[off : off + n].reshape(shp)
+        off += n
+    return out
+
+
+def empty_step_inputs(shape: tuple[int, int, int]) -> StepInputs:
+    """Padding inputs of a bucket: no tokens, every slot -1 (the step writes nothing)."""
+    buf = np.zeros(packed_size(*shape), np.int32)
+    v = unpack(buf, shape)
+    v["slot_mapping"][:] = -1
+    return StepInputs(**v, num_tokens=0, shape=shape, packed=buf)
 
 
 def build_step_inputs(sched: SchedulerOutput, plan: BucketPlan, block_size: int) -> StepInputs:
@@ -36,38 +75,36 @@ def build_step_inputs(sched: SchedulerOutput, plan: BucketPlan, block_size: int)
     max_pages = max((len(r.block_ids) for r in reqs), default=1)
     t, s, b = plan.shape_for(n_tok, n_seq, max_pages)
 
-    input_ids = np.zeros(t, np.int32)
-    positions = np.zeros(t, np.int32)
-    slot_mapping = np.full(t, -1, np.int32)
-    block_tables = np.zeros((s, b), np.int32)
-    kv_lens = np.zeros(s, np.int32)
-    cu = np.zeros(s + 1, np.int32)
-    logits_indices = np.zeros(s, np.int32)
+    buf = np.zeros(packed_size(t, s, b), np.int32)
+    v = unpack(buf, (t, s, b))
+    input_ids, positions, slot_mapping = v["input_ids"], v["positions"], v["slot_mapping"]
+    block_tables, kv_lens, cu, logits_indices = (
+        v["block_tables"],
+        v["kv_lens"],
+        v["cu_q_lens"],
+        v["logits_indices"],
+    )
+    slot_mapping[:] = -1
 
     row = 0
     for i, sr in enumerate(reqs):
         n = sr.num_new_tokens
         start = sr.start
-        input_ids[row : row + n] = sr.request.token_ids_slice(start, start + n)
-        pos = np.arange(start, start + n, dtype=np.int32)
-        positions[row : row + n] = pos
-        table = np.asarray(sr.block_ids, np.int32)
-        slot_mapping[row : row + n] = table[pos // block_size] * block_size + pos % block_size
+        table = sr.block_ids
         block_tables[i, : len(table)] = table
+        if n == 1:  # decode row: scalar writes, no temporary arrays
+            input_ids[row] = sr.request.token_ids_slice(start, start + 1)[0]
+            positions[row] = start
+            slot_mapping[row] = table[start // block_size] * block_size + start % block_size
+        else:
+            input_ids[row : row + n] = sr.request.token_ids_slice(start, start + n)
+            pos = np.arange(start, start + n, dtype=np.int32)
+            positions[row : row + n] = pos
+            slot_mapping[row : row + n] = block_tables[i, pos // block_size] * block_size + pos % block_size
         kv_lens[i] = start + n
         row += n
         cu[i + 1] = row
         logits_indices[i] = row - 1
     cu[n_seq + 1 :] = row
-    return StepInputs(
-        input_ids=input_ids,
-        positions=positions,
-        slot_mapping=slot_mapping,
-        block_tables=block_tables,
-        kv_lens=kv_lens,
-        cu_q_lens=cu,
-        num_seqs=np.array([n_seq], np.int32),
-        logits_indices=logits_indices,
-        num_tokens=n_tok,
-        shape=(t, s, b),
-    )
+    v["num_seqs"][0] = n_seq
+    return StepInputs(**v, num_tokens=n_tok, shape=(t, s, b), packed=buf)

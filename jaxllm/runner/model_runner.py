@@ -1,8 +1,11 @@
 """Runs one scheduled step on the device: inputs -> jitted model step -> jitted sampler -> host output.
 
-    SchedulerOutput --build_step_inputs--> StepInputs (numpy, padded to a bucket)
-      --device_put--> model_step(params, kv_caches [donated], ...) -> logits f32[S, V], kv_caches
+    SchedulerOutput --build_step_inputs--> StepInputs (numpy, padded to a bucket, one packed i32 buffer)
+      --device_put (one copy)--> model_step(params, kv_caches [donated], packed) -> logits f32[S, V], kv_caches
       --sample--> ids i32[S] (+ logprobs) --device_get--> ModelRunnerOutput
+
+The model step is dispatched before the sampling metadata is built: JAX runs it asynchronously, so the
+host builds the sampler's inputs while the device runs the forward pass.
 
 Every (bucket, sampler variant) is compiled at startup by `compile_all` unless `enforce_eager`; the
 persistent compilation cache makes a restart cheap. Nothing compiles while serving (tests count it).
@@ -11,7 +14,7 @@ Prompt logprobs use a separate all-rows logits variant, compiled on first use.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
 import time
 
@@ -22,7 +25,7 @@ import numpy as np
 from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.runner import kv_cache as kvc
 from jaxllm.runner.buckets import BucketPlan
-from jaxllm.runner.input_batch import StepInputs, build_step_inputs
+from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, packed_size, unpack
 from jaxllm.runner.sampler import SamplerFlags, compute_prompt_logprobs, sample
 from jaxllm.runner.sampling_metadata import SamplingRow, build_sampling_metadata
 from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
@@ -32,6 +35,15 @@ logger = logging.getLogger("jaxllm")
 
 # Logprobs are computed for this many top tokens whenever any request in the step asks (static shape).
 MAX_LOGPROBS = 20
+
+
+@dataclasses.dataclass
+class StepTiming:
+    """Where the steps' wall time went: `wait_s` is spent blocked on the device's results (the device
+    was busy and the host idle); everything else in a step is host work the device waited for."""
+
+    steps: int = 0
+    wait_s: float = 0.0
 
 
 class ModelRunner:
@@ -71,43 +83,43 @@ class ModelRunner:
         # Penalty history (prompt + output ids) has one static width, so penalties never add a variant.
         self.history_width = 1 << max(6, (max_model_len - 1).bit_length())
         self.kv_caches: list | None = None
+        self.timing = StepTiming()
+        self._rows: dict[str, SamplingRow] = {}  # request id -> its sampling row (dropped when finished)
         self.swap: kvc.HostSwapSpace | None = None
         self._model_step = jax.jit(
-            self._model_step_impl, donate_argnums=(1,), static_argnames=("all_logits",)
+            self._model_step_impl, donate_argnums=(1,), static_argnames=("shape", "all_logits")
         )
         self._sample = jax.jit(sample, static_argnames=("flags",))
         self._prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
 
     # ---- the jitted pieces ---------------------------------------------------------------------------
-    def _model_step_impl(self, params, kv_caches, input_ids, md, logits_indices, *, all_logits: bool):
-        hidden, kv_caches = self.module.apply({"params": params}, input_ids, kv_caches, md)
-        rows = hidden if all_logits else hidden[logits_indices]
+    def _model_step_impl(self, params, kv_caches, packed, *, shape: tuple[int, int, int], all_logits: bool):
+        v = unpack(packed, shape)
+        md = AttentionMetadata(
+            positions=v["positions"],
+            slot_mapping=v["slot_mapping"],
+            block_tables=v["block_tables"],
+            kv_lens=v["kv_lens"],
+            cu_q_lens=v["cu_q_lens"],
+            num_seqs=v["num_seqs"],
+        )
+        hidden, kv_caches = self.module.apply({"params": params}, v["input_ids"], kv_caches, md)
+        rows = hidden if all_logits else hidden[v["logits_indices"]]
         logits = self.module.apply({"params": params}, rows, method="compute_logits")
         return logits, kv_caches
 
     # ---- memory --------------------------------------------------------------------------------------
-    def _abstract_step_args(self, t: int, s: int, b: int, num_blocks: int):
-        i32 = jnp.int32
-        sds = jax.ShapeDtypeStruct
-        kv = [
-            (sds(self.geometry.layer_shape(num_blocks), self.geometry.dtype),) * 2
-            for _ in range(self.geometry.num_layers)
-        ]
-        md = AttentionMetadata(
-            positions=sds((t,), i32),
-            slot_mapping=sds((t,), i32),
-            block_tables=sds((s, b), i32),
-            kv_lens=sds((s,), i32),
-            cu_q_lens=sds((s + 1,), i32),
-            num_seqs=sds((1,), i32),
-        )
-        return kv, sds((t,), i32), md, sds((s,), i32)
-
     def largest_step_temp_bytes(self) -> int:
         t = self.plan.token_buckets[-1]
-        kv, ids, md, li = self._abstract_step_args(t, self.plan.seqs_for(t), self.plan.page_buckets[-1], 16)
-        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
-        compiled = self._model_step.lower(params, kv, ids, md, li, all_logits=False).compile()
+        shape = (t, self.plan.seqs_for(t), self.plan.page_buckets[-1])
+        sds = jax.ShapeDtypeStruct
+        kv = [
+            (sds(self.geometry.layer_shape(16), self.geometry.dtype),) * 2
+            for _ in range(self.geometry.num_layers)
+        ]
+        packed = sds((packed_size(*shape),), jnp.int32)
+        params = jax.tree.map(lambda x: sds(x.shape, x.dtype), self.params)
+        compiled = self._model_step.lower(params, kv, packed, shape=shape, all_logits=False).compile()
         mem = compiled.memory_analysis()
         return int(getattr(mem, "temp_size_in_bytes", 0) or 0) if mem is not None else 0
 
@@ -130,7 +142,7 @@ class ModelRunner:
         """Run every bucket once on padding inputs (writes nothing: all slots are -1)."""
         t0 = time.perf_counter()
         for t, s, b in self.plan.all_shapes():
-            inputs = _padding_inputs(t, s, b)
+            inputs = empty_step_inputs((t, s, b))
             logits = self._run_model(inputs, all_logits=False)
             for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
                 smd = build_sampling_metadata(
@@ -142,22 +154,12 @@ class ModelRunner:
 
     # ---- one step ------------------------------------------------------------------------------------
     def _run_model(self, inputs: StepInputs, *, all_logits: bool):
-        ids, md, li = jax.device_put(
-            (
-                inputs.input_ids,
-                AttentionMetadata(
-                    positions=inputs.positions,
-                    slot_mapping=inputs.slot_mapping,
-                    block_tables=inputs.block_tables,
-                    kv_lens=inputs.kv_lens,
-                    cu_q_lens=inputs.cu_q_lens,
-                    num_seqs=inputs.num_seqs,
-                ),
-                inputs.logits_indices,
-            )
-        )
         logits, self.kv_caches = self._model_step(
-            self.params, self.kv_caches, ids, md, li, all_logits=all_logits
+            self.params,
+            self.kv_caches,
+            jax.device_put(inputs.packed),
+            shape=inputs.shape,
+            all_logits=all_logits,
         )
         return logits
 
@@ -176,11 +178,18 @@ class ModelRunner:
             logits = all_logits[jnp.asarray(inputs.logits_indices)]
             self._collect_prompt_logprobs(sched, inputs, all_logits, out)
 
+        # The forward pass is in flight: build the sampler's inputs meanwhile.
         s = inputs.shape[1]
-        rows = [_sampling_row(sr) if sr.samples else None for sr in sched.scheduled]
+        for rid in sched.finished_request_ids:
+            self._rows.pop(rid, None)
+        rows = [self._sampling_row(sr) if sr.samples else None for sr in sched.scheduled]
         flags = SamplerFlags.for_rows(rows, MAX_LOGPROBS, self.vocab_size)
         smd = build_sampling_metadata(rows, s, self.vocab_size, history_width=self.history_width, flags=flags)
-        result = jax.device_get(self._sample(logits, jax.device_put(smd), flags=flags))
+        sampled = self._sample(logits, jax.device_put(smd), flags=flags)
+        t_wait = time.perf_counter()
+        result = jax.device_get(sampled)
+        self.timing.steps += 1
+        self.timing.wait_s += time.perf_counter() - t_wait
         ids = np.asarray(result.token_ids)
         for i, sr in enumerate(sched.scheduled):
             if not sr.samples:
@@ -223,36 +232,24 @@ class ModelRunner:
                 ranks=np.asarray(ranks[a : a + m, : n + 1]),
             )
 
+    def _sampling_row(self, sr: ScheduledRequest) -> SamplingRow:
+        """One SamplingRow per request, kept until it finishes (it holds the request's live token lists)."""
+        r = sr.request
+        row = self._rows.get(r.request_id)
+        if row is None or row.output_token_ids is not r.output_token_ids:
+            row = SamplingRow(
+                params=r.sampling_params,
+                seed=r.sampling_seed,
+                prompt_token_ids=r.prompt_token_ids,
+                output_token_ids=r.output_token_ids,
+                eos_token_id=r.eos_token_id,
+            )
+            self._rows[r.request_id] = row
+        return row
+
     def num_compiled(self) -> int:
         return sum(f._cache_size() for f in (self._model_step, self._sample, self._prompt_logprobs))
 
 
 def _wants_prompt_logprobs(sr: ScheduledRequest) -> bool:
     return sr.request.sampling_params.prompt_logprobs is not None and sr.start < sr.request.num_prompt_tokens
-
-
-def _sampling_row(sr: ScheduledRequest) -> SamplingRow:
-    r = sr.request
-    return SamplingRow(
-        params=r.sampling_params,
-        seed=r.sampling_seed,
-        prompt_token_ids=r.prompt_token_ids,
-        output_token_ids=r.output_token_ids,
-        eos_token_id=r.eos_token_id,
-    )
-
-
-@functools.cache
-def _padding_inputs(t: int, s: int, b: int) -> StepInputs:
-    return StepInputs(
-        input_ids=np.zeros(t, np.int32),
-        positions=np.zeros(t, np.int32),
-        slot_mapping=np.full(t, -1, np.int32),
-        block_tables=np.zeros((s, b), np.int32),
-        kv_lens=np.zeros(s, np.int32),
-        cu_q_lens=np.zeros(s + 1, np.int32),
-        num_seqs=np.zeros(1, np.int32),
-        logits_indices=np.zeros(s, np.int32),
-        num_tokens=0,
-        shape=(t, s, b),
-    )
