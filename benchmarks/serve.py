@@ -5,7 +5,12 @@
         at most --max-concurrency in flight--> streaming POST /v1/completions (ignore_eos, include_usage)
         --per request: TTFT, ITL gaps, E2E latency, token counts--> serving_metrics (+ goodput)
         --offline_bound on the same lengths--> roofline line --> benchmarks/results/<date>-<device>-<name>.json
-    --sweep-concurrency 1,8,32: the same requests at each concurrency -> table of TTFT, tok/s, GPU utilization
+    --sweep-concurrency 1,8,32 [--sweep-num-prompts 4,16,64]: one run per concurrency, each on its own
+        random prompts (so that prefix caching finds none of them) -> table of median/mean/p99 TTFT, TPOT,
+        ITL, E2E, tok/s, req/s, GPU utilization; --target c32:median_tpot_ms<=5.5 checks a level
+    --sweep-deadline T (Unix time): levels not started by T are skipped, a running one is cut at T; the
+        result file is rewritten after every level, so a run stopped early keeps what it measured
+    --report FILE...: print a saved sweep (and startup) result as markdown
 
     python benchmarks/serve.py --launch "jaxllm serve llama-3.1-8b --load-format dummy --port 8000" \
         --model llama-3.1-8b --num-prompts 500 --input-len 512 --output-len 128 --request-rate 8 \
@@ -20,6 +25,7 @@ import json
 import logging
 import math
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,9 +38,33 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.roofline import HARDWARE, offline_bound, roofline_line, shape_for_model
-from benchmarks.serve_metrics import RequestTiming, parse_goodput, serving_metrics
-from benchmarks.server_process import GpuMonitor, launch_server
-from benchmarks.workload import BenchRequest, load_jsonl, make_result, random_requests, save_result
+from benchmarks.serve_metrics import (
+    RequestTiming,
+    check_targets,
+    parse_goodput,
+    parse_target,
+    serving_metrics,
+    sweep_row,
+    sweep_table,
+    targets_table,
+)
+from benchmarks.server_process import (
+    GpuMonitor,
+    cache_file_count,
+    engine_startup_from_log,
+    flag_value,
+    launch_server,
+    write_synthetic_tokenizer,
+)
+from benchmarks.startup import startup_table
+from benchmarks.workload import (
+    BenchRequest,
+    hf_config_for_model,
+    load_jsonl,
+    make_result,
+    random_requests,
+    save_result,
+)
 
 logger = logging.getLogger("jaxllm.benchmarks")
 EMBEDDED_NAMES = ("SmolLM2-135M-Instruct", "embedded")
@@ -54,6 +84,14 @@ def make_parser() -> argparse.ArgumentParser:
         "--launch", default=None, help='start this server command first, e.g. "jaxllm serve --port 8000"'
     )
     p.add_argument("--launch-timeout", type=float, default=1800.0)
+    p.add_argument("--server-log", default=None, help="where the launched server's output goes")
+    p.add_argument(
+        "--synthetic-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="write a word-level tokenizer of the shape model's vocabulary to DIR before --launch (for "
+        "random-weight presets, which have none; the launch command passes --tokenizer DIR)",
+    )
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
@@ -70,6 +108,24 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--goodput", nargs="+", default=None, help="SLO limits in ms: ttft:500 tpot:50 e2el:10000")
     p.add_argument("--sweep-concurrency", default=None, help="e.g. 1,8,32,64,128: one run per concurrency")
+    p.add_argument(
+        "--sweep-num-prompts",
+        default=None,
+        help="prompts per sweep level, e.g. 4,16,64 (default --num-prompts)",
+    )
+    p.add_argument(
+        "--warmup-prompts", type=int, default=0, help="untimed requests before the first level (GPU clocks)"
+    )
+    p.add_argument("--sweep-deadline", type=float, default=None, help="Unix time by which the runs must end")
+    p.add_argument(
+        "--target",
+        nargs="+",
+        default=[],
+        help="limits to check, e.g. c32:median_tpot_ms<=5.5 c1:output_throughput>=250",
+    )
+    p.add_argument(
+        "--report", nargs="+", default=None, metavar="JSON", help="print saved results; run nothing"
+    )
     p.add_argument("--hardware", choices=sorted(HARDWARE), default="h200")
     p.add_argument("--request-timeout", type=float, default=3600.0)
     p.add_argument("--name", default=None)
@@ -142,6 +198,9 @@ def arrival_gaps(n: int, rate: float, seed: int) -> list[float]:
     return np.random.default_rng(seed).exponential(1.0 / rate, size=n).tolist()
 
 
+CUT = "cut at the sweep deadline"
+
+
 async def run_load(
     base_url: str,
     model: str,
@@ -151,7 +210,10 @@ async def run_load(
     temperature: float,
     seed: int,
     timeout_s: float,
+    deadline: float | None = None,
 ) -> tuple[list[RequestTiming], float]:
+    """Timings in request order and the wall time. `deadline` (Unix time): requests unfinished by then
+    are cancelled and count as failed with the error CUT."""
     url = base_url.rstrip("/") + "/v1/completions"
     limit = max_concurrency or len(requests)
     sem = asyncio.Semaphore(limit)
@@ -162,14 +224,35 @@ async def run_load(
             async with sem:
                 return await send_request(client, url, model, r, temperature)
 
-        tasks = []
+        tasks: list[asyncio.Task] = []
+
+        async def submit_all() -> None:
+            for gap, r in zip(arrival_gaps(len(requests), rate, seed), requests, strict=True):
+                if gap > 0:
+                    await asyncio.sleep(gap)
+                tasks.append(asyncio.create_task(one(r)))
+            await asyncio.gather(*tasks, return_exceptions=True)
+
         t0 = time.perf_counter()
-        for gap, r in zip(arrival_gaps(len(requests), rate, seed), requests, strict=True):
-            if gap > 0:
-                await asyncio.sleep(gap)
-            tasks.append(asyncio.create_task(one(r)))
-        timings = await asyncio.gather(*tasks)
-        return list(timings), time.perf_counter() - t0
+        left = None if deadline is None else max(0.0, deadline - time.time())
+        try:
+            await asyncio.wait_for(submit_all(), left)
+        except TimeoutError:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        duration = time.perf_counter() - t0
+    timings = []
+    for i, r in enumerate(requests):
+        task = tasks[i] if i < len(tasks) else None
+        if task is None or task.cancelled():
+            timings.append(RequestTiming(False, prompt_len=r.input_len, error=CUT))
+        elif task.exception() is not None:
+            e = task.exception()
+            timings.append(RequestTiming(False, prompt_len=r.input_len, error=f"{type(e).__name__}: {e}"))
+        else:
+            timings.append(task.result())
+    return timings, duration
 
 
 def served_model(base_url: str) -> str:
@@ -229,76 +312,200 @@ def print_metrics(m: dict[str, Any], roof: dict | None) -> None:
     print(roof["line"] if roof else "roofline: n/a (model shape unknown; pass --shape-model)")
 
 
-def sweep_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| concurrency | mean TTFT (ms) | p99 TTFT (ms) | mean TPOT (ms) | output tok/s | total tok/s | GPU util |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        util = "n/a" if r["gpu_util_pct"] is None else f"{r['gpu_util_pct']:.0f}%"
-        lines.append(
-            f"| {r['concurrency']} | {r['mean_ttft_ms']:.1f} | {r['p99_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} | "
-            f"{r['output_throughput']:,.1f} | {r['total_token_throughput']:,.1f} | {util} |"
+def level_sizes(args: argparse.Namespace) -> tuple[list[int | None], list[int]]:
+    """Concurrency and number of prompts of each run (one run without --sweep-concurrency)."""
+    if not args.sweep_concurrency:
+        if args.sweep_num_prompts:
+            raise ValueError("--sweep-num-prompts needs --sweep-concurrency")
+        return [args.max_concurrency], [args.num_prompts]
+    levels = [int(x) for x in args.sweep_concurrency.split(",")]
+    if min(levels) < 1:
+        raise ValueError(f"--sweep-concurrency={args.sweep_concurrency} must list integers >= 1")
+    if not args.sweep_num_prompts:
+        return levels, [args.num_prompts] * len(levels)
+    counts = [int(x) for x in args.sweep_num_prompts.split(",")]
+    if len(counts) != len(levels) or min(counts) < 1:
+        raise ValueError(
+            f"--sweep-num-prompts={args.sweep_num_prompts} must give one count >= 1 for each of "
+            f"--sweep-concurrency={args.sweep_concurrency}"
         )
-    return "\n".join(lines)
+    return levels, counts
+
+
+def split_requests(requests: list[BenchRequest], sizes: list[int]) -> list[list[BenchRequest]]:
+    """Consecutive slices of the given sizes; a dataset shorter than that is reused from its start."""
+    out, at = [], 0
+    for n in sizes:
+        if at + n > len(requests):
+            at = 0
+        out.append(requests[at : at + n])
+        at += n
+    return out
+
+
+def make_requests(args: argparse.Namespace, vocab: int | None, sizes: list[int]) -> list[list[BenchRequest]]:
+    """One list of requests per size: random ones are all distinct, so no run finds another's prefix."""
+    if args.dataset:
+        return split_requests(load_jsonl(args.dataset, args.output_len, sum(sizes)), sizes)
+    if vocab is None:
+        raise ValueError("the model's vocabulary is unknown: pass --vocab-size or --shape-model")
+    reqs = random_requests(sum(sizes), args.input_len, args.output_len, vocab, args.range_ratio, args.seed)
+    return split_requests(reqs, sizes)
+
+
+def prepare_tokenizer(directory: str, shape_name: str | None) -> None:
+    if shape_name is None or shape_name in EMBEDDED_NAMES:
+        raise ValueError("--synthetic-tokenizer needs a preset or HF folder as --shape-model")
+    cfg = hf_config_for_model(shape_name)
+    eos = cfg.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    bos = cfg.get("bos_token_id")
+    write_synthetic_tokenizer(directory, int(cfg["vocab_size"]), int(bos or 0), int(eos or 0))
+
+
+def server_startup(server, command: str, cache_files_before: int | None) -> dict[str, Any]:
+    return {
+        "ready_s": round(server.ready_s, 3),
+        "command": command,
+        "compilation_cache_dir": flag_value(command, "--compilation-cache-dir"),
+        "cache_files_before": cache_files_before,
+        "log": server.log_path,
+        "engine": engine_startup_from_log(server.log_path),
+    }
+
+
+def build_result(
+    args: argparse.Namespace, name: str, shape_name: str | None, runs: list[dict], startup: dict | None
+) -> dict[str, Any]:
+    args_d = {**vars(args), "request_rate": str(args.request_rate)}
+    extra = {"server_ready_s": startup["ready_s"] if startup else None, "server_startup": startup}
+    if not args.sweep_concurrency:
+        r = runs[0]
+        results = {**r["metrics"], "gpu_util_pct": r["gpu_util_pct"], "errors": r["errors"]}
+        return make_result("serve", name, shape_name, args_d, results, r["roofline"], **extra)
+    rows = [
+        sweep_row(
+            r["concurrency"],
+            r["metrics"],
+            r["gpu_util_pct"],
+            cut=r["cut"],
+            roofline_share=r["roofline"]["achieved_share"] if r["roofline"] else None,
+        )
+        for r in runs
+    ]
+    targets = check_targets(rows, args.target)
+    results = {"sweep": rows, "table": sweep_table(rows), "targets": targets, "runs": runs}
+    roof = runs[-1]["roofline"] if runs else None
+    return make_result("serve-sweep", name, shape_name, args_d, results, roof, **extra)
+
+
+def report(paths: list[str]) -> str:
+    """Markdown of saved serve-sweep, serve and startup results."""
+    parts = []
+    for path in paths:
+        with open(path) as f:
+            r = json.load(f)
+        res, kind = r["results"], r["benchmark"]
+        head = f"### {r['name']} ({kind}, {r['device']}, {r['date'][:10]}, {Path(path).name})"
+        if kind == "serve-sweep":
+            parts += [head, "", res["table"], ""]
+            if res.get("targets"):
+                parts += [targets_table(res["targets"]), ""]
+        elif kind == "serve":
+            parts += [head, "", sweep_table([sweep_row(None, res, res.get("gpu_util_pct"))]), ""]
+        elif kind == "startup":
+            parts += [head, "", startup_table(res), ""]
+        st = r.get("server_startup")
+        if st:
+            eng = st.get("engine") or {}
+            figures = ", ".join(
+                f"{k} {eng.get(k, 'n/a')}"
+                for k in ("load_time_s", "compile_time_s", "compiled_variants", "num_gpu_blocks")
+            )
+            parts.append(
+                f"server ready {st['ready_s']:.1f} s after launch (compilation cache held "
+                f"{st.get('cache_files_before')} files before it; engine: {figures})"
+            )
+            parts.append("")
+    return "\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = make_parser().parse_args(argv)
+    if args.report:
+        text = report(args.report)
+        print(text)
+        return {"report": text}
     goodput = parse_goodput(args.goodput)
-    sweep = [int(x) for x in args.sweep_concurrency.split(",")] if args.sweep_concurrency else None
-    if sweep and min(sweep) < 1:
-        raise ValueError(f"--sweep-concurrency={args.sweep_concurrency} must list integers >= 1")
-    server = launch_server(args.launch, args.base_url, args.launch_timeout) if args.launch else None
+    for spec in args.target:
+        parse_target(spec)
+    levels, counts = level_sizes(args)
+    shape_name = args.shape_model or model_from_launch(args.launch) or args.model
+    if args.synthetic_tokenizer:
+        prepare_tokenizer(args.synthetic_tokenizer, shape_name)
+    server, startup = None, None
+    if args.launch:
+        cache_before = cache_file_count(flag_value(args.launch, "--compilation-cache-dir"))
+        server = launch_server(args.launch, args.base_url, args.launch_timeout, log_path=args.server_log)
+        startup = server_startup(server, args.launch, cache_before)
+        print(f"server ready in {server.ready_s:.1f} s (log: {server.log_path}): {startup['engine']}")
+    runs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
     try:
-        if server is not None:
-            print(f"server ready in {server.ready_s:.1f} s (log: {server.log_path})")
         model = args.model or served_model(args.base_url)
-        shape_name = args.shape_model or model_from_launch(args.launch) or model
+        shape_name = shape_name or model
         shape = shape_for_model(None if shape_name in EMBEDDED_NAMES else shape_name)
         vocab = args.vocab_size or (shape.vocab_size if shape else None)
-        if args.dataset:
-            requests = load_jsonl(args.dataset, args.output_len, args.num_prompts)
-        elif vocab is None:
-            raise ValueError("the model's vocabulary is unknown: pass --vocab-size or --shape-model")
-        else:
-            requests = random_requests(
-                args.num_prompts, args.input_len, args.output_len, vocab, args.range_ratio, args.seed
-            )
-        hw = HARDWARE[args.hardware]
-        # One request first, so that a broken setup fails before the timed run.
-        probe = BenchRequest(requests[0].prompt, requests[0].input_len, min(4, requests[0].output_len))
-        (first,), _ = asyncio.run(
-            run_load(
-                args.base_url, model, [probe], math.inf, 1, args.temperature, args.seed, args.request_timeout
-            )
+        # The probe and the warm-up get prompts of their own, as every level does.
+        probe, warmup, *per_level = make_requests(args, vocab, [1, max(args.warmup_prompts, 1), *counts])
+        name = (
+            args.name
+            or f"serve-{Path(str(shape_name)).name}-{sum(counts)}x{args.input_len}x{args.output_len}"
         )
-        if not first.success:
-            raise RuntimeError(f"the first request failed: {first.error}")
+        hw = HARDWARE[args.hardware]
 
-        levels = sweep or [args.max_concurrency]
-        runs = []
-        for conc in levels:
-            with GpuMonitor() as gpu:
-                timings, duration = asyncio.run(
-                    run_load(
-                        args.base_url,
-                        model,
-                        requests,
-                        args.request_rate,
-                        conc,
-                        args.temperature,
-                        args.seed,
-                        args.request_timeout,
-                    )
+        def load(reqs: list[BenchRequest], conc: int | None, timed: bool = True):
+            """A timed level arrives at --request-rate and ends by --sweep-deadline; others all at once."""
+            rate = args.request_rate if timed else math.inf
+            deadline = args.sweep_deadline if timed else None
+            return asyncio.run(
+                run_load(
+                    args.base_url,
+                    model,
+                    reqs,
+                    rate,
+                    conc,
+                    args.temperature,
+                    args.seed,
+                    args.request_timeout,
+                    deadline,
                 )
+            )
+
+        # One request first, so that a broken setup fails before the timed runs.
+        first = probe[0]
+        (t,), _ = load([BenchRequest(first.prompt, first.input_len, min(4, first.output_len))], 1, False)
+        if not t.success:
+            raise RuntimeError(f"the first request failed: {t.error}")
+        if args.warmup_prompts > 0:
+            _, secs = load(warmup, max(c or len(warmup) for c in levels), False)
+            print(f"warm-up: {len(warmup)} requests in {secs:.1f} s (not counted)")
+
+        for conc, reqs in zip(levels, per_level, strict=True):
+            if args.sweep_deadline is not None and time.time() >= args.sweep_deadline:
+                print(f"== concurrency {conc}: skipped, the sweep deadline has passed")
+                continue
+            with GpuMonitor() as gpu:
+                timings, duration = load(reqs, conc)
             m = serving_metrics(timings, duration, goodput)
-            roof = roofline_for(shape, timings, requests, conc or len(requests), duration, hw)
-            errors = sorted({t.error for t in timings if not t.success})[:5]
+            roof = roofline_for(shape, timings, reqs, conc or len(reqs), duration, hw)
             print(
-                f"== serve: {model} at {args.base_url}, concurrency {conc or 'unlimited'}, rate {args.request_rate}"
+                f"== serve: {model} at {args.base_url}, concurrency {conc or 'unlimited'}, "
+                f"{len(reqs)} requests, rate {args.request_rate}"
             )
             print_metrics(m, roof)
+            cut = any(t.error == CUT for t in timings)
+            errors = sorted({t.error for t in timings if not t.success})[:5]
             runs.append(
                 {
                     "concurrency": conc,
@@ -306,66 +513,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "roofline": roof,
                     "gpu_util_pct": gpu.mean(),
                     "errors": errors,
+                    "cut": cut,
                 }
             )
+            result = build_result(args, name, shape_name, runs, startup)
+            if not args.no_save:
+                result["path"] = str(save_result(result, args.output_json))
     finally:
         if server is not None:
             server.stop()
-
-    name = (
-        args.name
-        or f"serve-{Path(str(shape_name or model)).name}-{len(requests)}x{args.input_len}x{args.output_len}"
-    )
-    args_d = {**vars(args), "request_rate": str(args.request_rate)}
-    if sweep:
-        rows = [
-            {
-                "concurrency": r["concurrency"],
-                "gpu_util_pct": r["gpu_util_pct"],
-                **{
-                    k: r["metrics"][k]
-                    for k in (
-                        "mean_ttft_ms",
-                        "p99_ttft_ms",
-                        "mean_tpot_ms",
-                        "output_throughput",
-                        "total_token_throughput",
-                        "request_throughput",
-                    )
-                },
-                "roofline_share": r["roofline"]["achieved_share"] if r["roofline"] else None,
-            }
-            for r in runs
-        ]
-        table = sweep_table(rows)
-        print(table)
-        result = make_result(
-            "serve-sweep",
-            name,
-            shape_name,
-            args_d,
-            {"sweep": rows, "table": table, "runs": runs},
-            runs[-1]["roofline"],
-            server_ready_s=server.ready_s if server else None,
-        )
-    else:
-        r = runs[0]
-        result = make_result(
-            "serve",
-            name,
-            shape_name,
-            args_d,
-            {**r["metrics"], "gpu_util_pct": r["gpu_util_pct"], "errors": r["errors"]},
-            r["roofline"],
-            server_ready_s=server.ready_s if server else None,
-        )
-    if not args.no_save:
-        result["path"] = str(save_result(result, args.output_json))
+    if not runs:
+        raise RuntimeError("no level ran before the sweep deadline")
+    if args.sweep_concurrency:
+        print(result["results"]["table"])
+        if result["results"]["targets"]:
+            print(targets_table(result["results"]["targets"]))
+    if "path" in result:
         print(f"saved {result['path']}")
     return result
 
 
+def _stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `finally`, which stops the server
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     main()

@@ -9,12 +9,17 @@
 - E2EL: request sent -> last byte.
 - Goodput: requests per second that met every given limit (ttft, tpot, e2el in ms).
 Percentiles interpolate linearly between order statistics (numpy's default, as vLLM).
+
+A concurrency sweep keeps one `sweep_row` per level; `sweep_table` prints them as markdown, and
+`check_targets` holds them against limits such as "c32:median_tpot_ms<=5.5" (`parse_target`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -105,3 +110,95 @@ def serving_metrics(
     out.update(describe([x for t in ok for x in t.itl], "itl"))
     out.update(describe([t.latency for t in ok], "e2el"))
     return out
+
+
+# ---- a concurrency sweep ---------------------------------------------------------------------------------
+LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
+ROW_STATS = ("median", "mean", "p99")
+ROW_RATES = ("output_throughput", "total_token_throughput", "request_throughput")
+
+
+def sweep_row(
+    concurrency: int | None, metrics: dict[str, float], gpu_util_pct: float | None, **extra: Any
+) -> dict[str, Any]:
+    """One level of a sweep: median/mean/p99 of every latency, the throughputs, GPU utilization."""
+    row: dict[str, Any] = {
+        "concurrency": concurrency,
+        "num_prompts": int(metrics["completed"] + metrics["failed"]),
+        "completed": int(metrics["completed"]),
+        "failed": int(metrics["failed"]),
+        "gpu_util_pct": gpu_util_pct,
+    }
+    for k, _ in LATENCIES:
+        for stat in ROW_STATS:
+            row[f"{stat}_{k}_ms"] = metrics[f"{stat}_{k}_ms"]
+    for k in ROW_RATES:
+        row[k] = metrics[k]
+    row.update(extra)
+    return row
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one line per concurrency; each latency cell is "median / mean / p99" in ms."""
+    head = ["concurrency", "requests ok/sent"]
+    head += [f"{label} ms med / mean / p99" for _, label in LATENCIES]
+    head += ["output tok/s", "req/s", "GPU util"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for r in rows:
+        util = "n/a" if r.get("gpu_util_pct") is None else f"{r['gpu_util_pct']:.0f}%"
+        ok = f"{r['completed']}/{r['num_prompts']}" + (" (cut)" if r.get("cut") else "")
+        cells = [str(r["concurrency"] or "all"), ok]
+        for k, _ in LATENCIES:
+            cells.append(" / ".join(f"{r[f'{stat}_{k}_ms']:.2f}" for stat in ROW_STATS))
+        cells += [f"{r['output_throughput']:,.1f}", f"{r['request_throughput']:.2f}", util]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+_TARGET = re.compile(r"c(\d+):([a-z0-9_]+)(<=|>=)([0-9.eE+-]+)")
+
+
+def parse_target(spec: str) -> dict[str, Any]:
+    """Parse "c32:median_tpot_ms<=5.5" -> {concurrency: 32, metric: median_tpot_ms, op: <=, limit: 5.5}."""
+    m = _TARGET.fullmatch(spec.replace(" ", ""))
+    if not m:
+        raise ValueError(
+            f"--target {spec!r} must look like c32:median_tpot_ms<=5.5 or c1:output_throughput>=250"
+        )
+    try:
+        limit = float(m.group(4))
+    except ValueError:
+        raise ValueError(f"--target {spec!r}: {m.group(4)!r} is not a number") from None
+    return {
+        "target": spec,
+        "concurrency": int(m.group(1)),
+        "metric": m.group(2),
+        "op": m.group(3),
+        "limit": limit,
+    }
+
+
+def check_targets(rows: list[dict[str, Any]], specs: Sequence[str]) -> list[dict[str, Any]]:
+    """Each target with the measured value and `met` (None when its level did not run)."""
+    by_conc = {r["concurrency"]: r for r in rows}
+    out = []
+    for spec in specs:
+        t = parse_target(spec)
+        row = by_conc.get(t["concurrency"])
+        if row is not None and t["metric"] not in row:
+            raise ValueError(f"--target {spec!r}: no metric {t['metric']!r}; one of {sorted(row)}")
+        value = None if row is None else row[t["metric"]]
+        met = None
+        if value is not None:
+            met = value <= t["limit"] if t["op"] == "<=" else value >= t["limit"]
+        out.append({**t, "measured": value, "met": met})
+    return out
+
+
+def targets_table(targets: list[dict[str, Any]]) -> str:
+    lines = ["| target | measured | met |", "|---|---:|---|"]
+    for t in targets:
+        value = "n/a" if t["measured"] is None else f"{t['measured']:,.2f}"
+        met = {True: "yes", False: "NO", None: "not run"}[t["met"]]
+        lines.append(f"| c={t['concurrency']} {t['metric']} {t['op']} {t['limit']:g} | {value} | {met} |")
+    return "\n".join(lines)

@@ -1,14 +1,18 @@
 """Start a server as a child process, wait for /health, stop it; sample GPU utilization meanwhile.
 
     launch_server("jaxllm serve MODEL --port P ...", base_url) -> ServerProcess (ready_s: start -> /health 200)
+    engine_startup_from_log(log) -> the engine startup figures the server logged (load, compile, ...)
     GpuMonitor: a thread polling `nvidia-smi --query-gpu=utilization.gpu`; mean() is None without nvidia-smi
+    write_synthetic_tokenizer(dir, vocab, bos, eos): a tokenizer for random-weight presets (token "t<id>")
 
 The server's output goes to a log file whose last lines are quoted when it dies before it is ready.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -65,11 +69,21 @@ def wait_for_health(base_url: str, timeout_s: float, proc: subprocess.Popen | No
 
 
 def launch_server(
-    command: str, base_url: str, timeout_s: float = 1800.0, env: dict | None = None
+    command: str,
+    base_url: str,
+    timeout_s: float = 1800.0,
+    env: dict | None = None,
+    log_path: str | None = None,
 ) -> ServerProcess:
-    fd, log_path = tempfile.mkstemp(prefix="jaxllm-server-", suffix=".log")
+    """`log_path`: where the server's output goes (default: a new temporary file)."""
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="jaxllm-server-", suffix=".log")
+        log_file = os.fdopen(fd, "w")
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        log_file = open(log_path, "w")  # closed below, once the child holds it
     t0 = time.perf_counter()
-    with os.fdopen(fd, "w") as log:
+    with log_file as log:
         try:
             proc = subprocess.Popen(
                 shlex.split(command),
@@ -86,8 +100,100 @@ def launch_server(
     except RuntimeError as e:
         server.stop()
         raise RuntimeError(f"{e}; server log {log_path} ends with:\n{log_tail(log_path)}") from None
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM turned into KeyboardInterrupt): leave no server
+        server.stop()
+        raise
     server.ready_s = time.perf_counter() - t0
     return server
+
+
+def flag_value(command: str | None, flag: str) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE` in a command line, if present."""
+    if not command:
+        return None
+    argv = shlex.split(command)
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a[len(flag) + 1 :]
+    return None
+
+
+def cache_file_count(path: str | None) -> int | None:
+    """Files under a compilation cache directory (0 when it does not exist); None without a path."""
+    if not path:
+        return None
+    return sum(len(files) for _, _, files in os.walk(path))
+
+
+_LOGGED_FIGURES = (
+    ("num_gpu_blocks", re.compile(r"# GPU blocks: (\d+)")),
+    ("compile_time_s", re.compile(r"Compilation and warm-up took ([\d.]+) s")),
+)
+
+
+def _scalar(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def engine_startup_from_log(log_path: str) -> dict:
+    """The engine's startup figures from the lines `jaxllm serve` logs once the engine is built:
+    "# GPU blocks: N", "Compilation and warm-up took S s" and "Engine: key=value, ..." (load_time_s,
+    compiled_variants, startup_time_s, ...). Empty when the log holds none of them."""
+    info: dict = {}
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return info
+    for key, pattern in _LOGGED_FIGURES:
+        m = pattern.search(text)
+        if m:
+            info[key] = _scalar(m.group(1))
+    m = re.search(r"Engine: (.*)$", text, flags=re.M)
+    if m:
+        for item in m.group(1).split(", "):
+            key, sep, value = item.partition("=")
+            if sep and re.fullmatch(r"[a-z_]+", key):
+                info[key] = _scalar(value.strip())
+    return info
+
+
+def write_synthetic_tokenizer(directory: str, vocab_size: int, bos_id: int, eos_id: int) -> str:
+    """A word-level tokenizer whose token `i` is the word "t<i>", saved as an HF folder.
+
+    Random-weight presets come without a tokenizer; the server needs one to check and detokenize token
+    ids. Decoding a few tokens of it costs about what a real tokenizer's does, so the server does the
+    per-token work of a real deployment. Writes nothing when `directory` already holds one of this size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size={vocab_size} must be >= 1")
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if not 0 <= value < vocab_size:
+            raise ValueError(f"{name}={value} must be in [0, vocab_size={vocab_size})")
+    stamp = os.path.join(directory, "synthetic.json")
+    want = {"vocab_size": vocab_size, "bos_id": bos_id, "eos_id": eos_id}
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == want:
+                return directory
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=f"t{bos_id}", eos_token=f"t{eos_id}", unk_token="t0"
+    )
+    fast.save_pretrained(directory)
+    with open(stamp, "w") as f:
+        json.dump(want, f)
+    return directory
 
 
 class GpuMonitor:

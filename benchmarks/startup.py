@@ -1,13 +1,16 @@
 """Time to ready, cold and warm: a fresh process until the engine is built (or the server answers /health).
 
-for pass in (cold, warm), same temporary compilation cache dir (empty on the cold pass):
+for each of --passes passes, on one compilation cache dir (a new empty one, or --cache-dir):
     engine: python -m benchmarks.startup --child KWARGS -> LLM(**KWARGS) -> prints READY {startup_info}
             timed from Popen to the READY line (imports, load, KV allocation, compile of every bucket)
-    server: <--server-command> --compilation-cache-dir DIR --port P -> timed from Popen to /health 200
--> table of cold vs warm seconds -> benchmarks/results/<date>-<device>-<name>.json
+    server: <--server-command> --compilation-cache-dir DIR --port P -> timed from Popen to /health 200;
+            the engine's own figures (load, compile, variants) are read from the server's log
+    a pass is "cold" when the cache dir held no files before it, else "warm"
+-> table of the passes (and --target-warm-s met or not) -> benchmarks/results/<date>-<device>-<name>.json
 
 python benchmarks/startup.py --model llama-3.1-8b --load-format dummy
 python benchmarks/startup.py --mode server --server-command "jaxllm serve llama-3.1-8b --load-format dummy"
+python benchmarks/startup.py --mode server --server-command "..." --cache-dir /tmp/xla --keep-cache --passes 1
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +29,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.server_process import launch_server
+from benchmarks.server_process import cache_file_count, engine_startup_from_log, launch_server
 from benchmarks.workload import make_result, save_result
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +53,25 @@ def make_parser() -> argparse.ArgumentParser:
         help="server mode: the command, without port and cache dir",
     )
     p.add_argument("--port", type=int, default=8123)
-    p.add_argument("--passes", type=int, default=2, help="1 cold pass, then warm passes on the same cache")
     p.add_argument(
-        "--cache-dir", default=None, help="compilation cache dir (emptied first); default: a temp dir"
+        "--passes", type=int, default=2, help="fresh processes, one after another, on the same cache dir"
     )
+    p.add_argument(
+        "--cache-dir", default=None, help="compilation cache dir (must be empty); default: a temp dir"
+    )
+    p.add_argument(
+        "--keep-cache",
+        action="store_true",
+        help="use --cache-dir as it is (a warm cache measures a warm start at once)",
+    )
+    p.add_argument("--log-dir", default=None, help="server mode: keep each pass's server log here")
+    p.add_argument(
+        "--earlier-start",
+        default=None,
+        metavar="JSON",
+        help="server mode: a serve.py result whose launch (server_startup) counts as the first pass",
+    )
+    p.add_argument("--target-warm-s", type=float, default=None, help="report whether warm passes meet it")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--name", default=None)
     p.add_argument("--output-json", default=None)
@@ -105,11 +124,18 @@ def time_engine(kwargs: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     return {"ready_s": round(ready, 3), "startup_info": info}
 
 
-def time_server(command: str, port: int, cache_dir: str, timeout_s: float) -> dict[str, Any]:
+def time_server(
+    command: str, port: int, cache_dir: str, timeout_s: float, log_path: str | None = None
+) -> dict[str, Any]:
     cmd = f"{command} --port {port} --compilation-cache-dir {shlex.quote(cache_dir)}"
-    server = launch_server(cmd, f"http://127.0.0.1:{port}", timeout_s)
+    server = launch_server(cmd, f"http://127.0.0.1:{port}", timeout_s, log_path=log_path)
     server.stop()
-    return {"ready_s": round(server.ready_s, 3), "command": cmd}
+    return {
+        "ready_s": round(server.ready_s, 3),
+        "command": cmd,
+        "log": server.log_path,
+        "engine": engine_startup_from_log(server.log_path),
+    }
 
 
 def child(kwargs_json: str) -> None:
@@ -119,39 +145,83 @@ def child(kwargs_json: str) -> None:
     print(READY + json.dumps(llm.llm_engine.startup_info, default=str), flush=True)
 
 
+def startup_table(res: dict[str, Any]) -> str:
+    lines = [
+        "| pass | ready s | cache files before | engine startup s | load s | compile s | variants | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in res["passes"]:
+        eng = p.get("startup_info") or p.get("engine") or {}
+        target = ""
+        if p["pass"] == "warm" and res.get("target_warm_s") is not None:
+            ok = p["ready_s"] <= res["target_warm_s"]
+            target = f"<= {res['target_warm_s']:g} s: {'yes' if ok else 'NO'}"
+        label = p["pass"] + (" (launch of the sweep)" if p.get("source") else "")
+        cells = [label, f"{p['ready_s']:.1f}", str(p.get("cache_files_before", "n/a"))]
+        cells += [str(eng.get(k, "n/a")) for k in ("startup_time_s", "load_time_s", "compile_time_s")]
+        cells += [str(eng.get("compiled_variants", "n/a")), target]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def earlier_pass(path: str) -> dict[str, Any]:
+    """The launch a serve.py run timed (its `server_startup`), as a pass of this benchmark."""
+    with open(path) as f:
+        st = json.load(f).get("server_startup")
+    if not st:
+        raise ValueError(
+            f"--earlier-start {path} holds no server_startup (was the server launched by serve.py?)"
+        )
+    before = st.get("cache_files_before")
+    kind = "cache unknown" if before is None else "warm" if before else "cold"
+    return {"pass": kind, "source": path, **st}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = make_parser().parse_args(argv)
     if args.passes < 1:
         raise ValueError(f"--passes={args.passes} must be >= 1")
+    if args.keep_cache and not args.cache_dir:
+        raise ValueError("--keep-cache needs --cache-dir")
+    if args.earlier_start and args.mode != "server":
+        raise ValueError("--earlier-start needs --mode server")
     with tempfile.TemporaryDirectory(prefix="jaxllm-startup-") as tmp:
         cache_dir = args.cache_dir or str(Path(tmp) / "xla")
-        if Path(cache_dir).exists() and any(Path(cache_dir).iterdir()):
-            raise ValueError(f"--cache-dir {cache_dir} is not empty; the cold pass needs an empty one")
-        passes = []
+        if not args.keep_cache and cache_file_count(cache_dir):
+            raise ValueError(
+                f"--cache-dir {cache_dir} is not empty; the cold pass needs an empty one (or --keep-cache)"
+            )
+        passes = [earlier_pass(args.earlier_start)] if args.earlier_start else []
         for i in range(args.passes):
-            kind = "cold" if i == 0 else "warm"
+            before = cache_file_count(cache_dir)
+            kind = "warm" if before else "cold"
             if args.mode == "engine":
                 r = time_engine(engine_kwargs(args, cache_dir), args.timeout)
             else:
-                r = time_server(args.server_command, args.port, cache_dir, args.timeout)
-            passes.append({"pass": kind, **r})
-            extra = r.get("startup_info", {})
+                log = str(Path(args.log_dir) / f"server-startup-{i}-{kind}.log") if args.log_dir else None
+                r = time_server(args.server_command, args.port, cache_dir, args.timeout, log)
+            passes.append({"pass": kind, "cache_files_before": before, **r})
+            eng = r.get("startup_info") or r.get("engine") or {}
             print(
-                f"{kind}: ready in {r['ready_s']:.2f} s"
-                + (
-                    f" (load {extra.get('load_time_s')} s, compile {extra.get('compile_time_s')} s)"
-                    if extra
-                    else ""
-                )
+                f"{kind} ({before} cache files): ready in {r['ready_s']:.2f} s"
+                f" (load {eng.get('load_time_s', 'n/a')} s, compile {eng.get('compile_time_s', 'n/a')} s)"
             )
     model = args.model if args.mode == "engine" else args.server_command
     name = args.name or f"startup-{args.mode}-{Path(str(args.model or 'embedded')).name}"
+    first = {
+        kind: next((p["ready_s"] for p in passes if p["pass"] == kind), None) for kind in ("cold", "warm")
+    }
     results = {
         "mode": args.mode,
         "passes": passes,
-        "cold_s": passes[0]["ready_s"],
-        "warm_s": passes[1]["ready_s"] if len(passes) > 1 else None,
+        "cold_s": first["cold"],
+        "warm_s": first["warm"],
+        "target_warm_s": args.target_warm_s,
+        "warm_met": None
+        if args.target_warm_s is None or first["warm"] is None
+        else first["warm"] <= args.target_warm_s,
     }
+    print(startup_table(results))
     result = make_result("startup", name, model, vars(args), results, None)
     if not args.no_save:
         result["path"] = str(save_result(result, args.output_json))
@@ -159,8 +229,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def _stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through launch_server, which stops the server
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         child(sys.argv[2])
     else:
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
         main()

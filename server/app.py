@@ -106,7 +106,7 @@ async def tokenize(request: Request) -> Response:
         chat = ChatRequest(common=CommonFields(None, False, False), messages=req.messages)
         ids = render_chat(s, chat)
     else:
-        ids = s.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        ids = s.require_tokenizer("prompt").encode(req.prompt, add_special_tokens=req.add_special_tokens)
     return JSONResponse({"count": len(ids), "max_model_len": s.max_model_len, "tokens": ids})
 
 
@@ -114,10 +114,11 @@ async def detokenize(request: Request) -> Response:
     s = _state(request)
     model, tokens = parse_detokenize(await read_json_object(request, s.max_request_body_bytes))
     check_model(model, s.served_names)
-    vocab = len(s.tokenizer)
+    tok = s.require_tokenizer("tokens")
+    vocab = len(tok)
     if any(not 0 <= t < vocab for t in tokens):
         raise APIError(f"'tokens' must be in [0, {vocab})", param="tokens")
-    return JSONResponse({"prompt": s.tokenizer.decode(tokens)})
+    return JSONResponse({"prompt": tok.decode(tokens)})
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

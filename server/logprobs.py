@@ -20,7 +20,7 @@ def _finite(x: float) -> float:
 def token_text(tokenizer, token_id: int, lp: Logprob | None) -> str:
     if lp is not None and lp.decoded_token is not None:
         return lp.decoded_token
-    return tokenizer.decode([token_id])
+    return tokenizer.decode([token_id]) if tokenizer is not None else ""
 
 
 def _top(position: PositionLogprobs, num: int) -> list[tuple[int, Logprob]]:

@@ -32,7 +32,7 @@ from server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
 
 def render_chat(state: ServerState, req: ChatRequest) -> list[int]:
     """Applies the chat template and tokenizes the result (the template adds the special tokens)."""
-    tok = state.tokenizer
+    tok = state.require_tokenizer("messages")
     template = state.chat_template or getattr(tok, "chat_template", None)
     if not template:
         raise APIError(
@@ -59,7 +59,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
     model = check_model(req.common.model, state.served_names)
     tok = state.tokenizer
     ids = render_chat(state, req)
-    check_prompt_ids(ids, len(tok), "messages")
+    check_prompt_ids(ids, state.vocab_size, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = make_sampling_params(
         req.common,
@@ -67,7 +67,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
         state.max_model_len,
         logprobs=logprobs,
         prompt_param="messages",
-        vocab_size=len(tok),
+        vocab_size=state.vocab_size,
     )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())

@@ -44,14 +44,14 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
     prompts: list[tuple[str, list[int]]] = []
     for p in req.prompts:
         if isinstance(p, str):
-            ids = tok.encode(p) if p else []
+            ids = state.require_tokenizer("prompt").encode(p) if p else []
             prompts.append((p, ids))
         else:
-            check_prompt_ids(p, len(tok), "prompt")
-            prompts.append((tok.decode(p), p))
+            check_prompt_ids(p, state.vocab_size, "prompt")
+            prompts.append((tok.decode(p) if tok is not None else "", p))
     params = []
     for _, ids in prompts:
-        check_prompt_ids(ids, len(tok), "prompt")
+        check_prompt_ids(ids, state.vocab_size, "prompt")
         params.append(
             make_sampling_params(
                 req.common,
@@ -59,7 +59,7 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                 state.max_model_len,
                 logprobs=req.logprobs,
                 prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
-                vocab_size=len(tok),
+                vocab_size=state.vocab_size,
             )
         )
     rid = f"cmpl-{uuid.uuid4().hex}"

@@ -25,6 +25,23 @@ class ServerState:
         return self.engine.tokenizer
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids a prompt may hold: the tokenizer's, or the model's when it has no tokenizer."""
+        tok = self.engine.tokenizer
+        return len(tok) if tok is not None else self.engine.vocab_size
+
+    def require_tokenizer(self, param: str):
+        """The tokenizer, or a client error naming `param` when the model has none (random weights)."""
+        tok = self.engine.tokenizer
+        if tok is None:
+            from server.errors import APIError
+
+            raise APIError(
+                f"this model has no tokenizer: '{param}' must be given as token ids", param=param
+            )
+        return tok
+
+    @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 

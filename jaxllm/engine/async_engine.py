@@ -32,6 +32,7 @@ class AsyncLLMEngine:
             served_model_name or engine.config.model.served_model_name or engine.loaded.model_name
         )
         self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.loaded.arch.vocab_size
         self.startup_info = dict(engine.startup_info, served_model_name=self.model_name)
         self._queues: dict[str, asyncio.Queue] = {}
         self._pending_adds: list = []

@@ -2,8 +2,17 @@
 
 import pytest
 
-from benchmarks.serve import arrival_gaps, model_from_launch, sweep_table
-from benchmarks.serve_metrics import RequestTiming, parse_goodput, serving_metrics
+from benchmarks.serve import arrival_gaps, model_from_launch
+from benchmarks.serve_metrics import (
+    RequestTiming,
+    check_targets,
+    parse_goodput,
+    parse_target,
+    serving_metrics,
+    sweep_row,
+    sweep_table,
+    targets_table,
+)
 
 TIMINGS = [
     # prompt 10, 5 tokens: TTFT 100 ms, then 4 gaps of 100 ms -> TPOT (500 - 100) / 4 = 100 ms
@@ -69,19 +78,55 @@ def test_arrivals():
         arrival_gaps(1, 0.0, 0)
 
 
-def test_model_from_launch_and_table():
+def test_model_from_launch():
     assert model_from_launch("jaxllm serve llama-3.1-8b --load-format dummy") == "llama-3.1-8b"
     assert model_from_launch("python -m jaxllm.entrypoints.openai.api_server --model /m --port 1") == "/m"
     assert model_from_launch("jaxllm serve --port 8000") is None
-    row = dict(
-        concurrency=8,
-        mean_ttft_ms=12.0,
-        p99_ttft_ms=20.0,
-        mean_tpot_ms=3.0,
-        output_throughput=1000.0,
-        total_token_throughput=3000.0,
-        gpu_util_pct=None,
+
+
+def test_sweep_row_and_table():
+    m = serving_metrics(TIMINGS, duration_s=2.0)
+    row = sweep_row(8, m, None, cut=False)
+    assert (row["concurrency"], row["num_prompts"], row["completed"], row["failed"]) == (8, 4, 3, 1)
+    assert row["median_ttft_ms"] == pytest.approx(200.0) and row["p99_ttft_ms"] == pytest.approx(298.0)
+    assert row["median_tpot_ms"] == pytest.approx(100.0) and row["mean_e2el_ms"] == pytest.approx(400.0)
+    assert row["output_throughput"] == pytest.approx(4.5) and row["request_throughput"] == pytest.approx(1.5)
+    table = sweep_table([row, {**row, "concurrency": 32, "gpu_util_pct": 87.4, "cut": True}])
+    lines = table.splitlines()
+    assert len(lines) == 4 and lines[0].count("|") == lines[2].count("|") == 10
+    # TTFT 200/200/298, TPOT 100/100/100, ITL 100/100/147.5, E2E 500/400/500 (median/mean/p99)
+    assert lines[2] == (
+        "| 8 | 3/4 | 200.00 / 200.00 / 298.00 | 100.00 / 100.00 / 100.00 | 100.00 / 100.00 / 147.50 | "
+        "500.00 / 400.00 / 500.00 | 4.5 | 1.50 | n/a |"
     )
-    table = sweep_table([row, {**row, "concurrency": 32, "gpu_util_pct": 87.4}])
-    assert "| 8 | 12.0 | 20.0 | 3.00 | 1,000.0 | 3,000.0 | n/a |" in table
-    assert table.splitlines()[-1].endswith("| 87% |")
+    assert lines[3].startswith("| 32 | 3/4 (cut) |") and lines[3].endswith("| 87% |")
+
+
+def test_targets():
+    rows = [
+        {"concurrency": 1, "output_throughput": 260.0, "median_tpot_ms": 3.9},
+        {"concurrency": 32, "median_tpot_ms": 5.6, "median_ttft_ms": 60.0},
+    ]
+    specs = [
+        "c32:median_tpot_ms<=5.5",
+        "c32:median_ttft_ms <= 60",
+        "c1:output_throughput>=250",
+        "c64:p99_itl_ms<=9",
+    ]
+    got = check_targets(rows, specs)
+    assert [(t["concurrency"], t["metric"], t["op"], t["limit"]) for t in got] == [
+        (32, "median_tpot_ms", "<=", 5.5),
+        (32, "median_ttft_ms", "<=", 60.0),
+        (1, "output_throughput", ">=", 250.0),
+        (64, "p99_itl_ms", "<=", 9.0),
+    ]
+    assert [t["met"] for t in got] == [False, True, True, None]  # 5.6 > 5.5; 60 <= 60; 260 >= 250; not run
+    assert [t["measured"] for t in got] == [5.6, 60.0, 260.0, None]
+    table = targets_table(got)
+    assert "| c=32 median_tpot_ms <= 5.5 | 5.60 | NO |" in table
+    assert "| c=64 p99_itl_ms <= 9 | n/a | not run |" in table
+    for bad in ("32:median_tpot_ms<=5", "c32:median_tpot_ms<5", "c32:median_tpot_ms<=x"):
+        with pytest.raises(ValueError, match="--target"):
+            parse_target(bad)
+    with pytest.raises(ValueError, match="no metric 'mean_tpot'"):
+        check_targets(rows, ["c1:mean_tpot<=1"])

@@ -1,0 +1,220 @@
+"""serve.py and startup.py against a real `jaxllm serve` on the CPU (the tiny-llama preset with random
+weights and a synthetic tokenizer): launch, /health wait, a two-level sweep on distinct prompts, targets,
+a level cut at the sweep deadline, a restart on the same compilation cache, and the markdown report; and
+the helpers they rest on, on hand-made inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+import httpx
+import pytest
+
+from benchmarks import serve, startup
+from benchmarks.server_process import (
+    cache_file_count,
+    engine_startup_from_log,
+    flag_value,
+    launch_server,
+    write_synthetic_tokenizer,
+)
+
+TINY_VOCAB, TINY_BOS, TINY_EOS = 512, 1, 2  # jaxllm/models/presets.py "tiny-llama"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> str:
+    return write_synthetic_tokenizer(str(tmp_path_factory.mktemp("tok")), TINY_VOCAB, TINY_BOS, TINY_EOS)
+
+
+def server_command(tokenizer: str) -> str:
+    return (
+        f"{sys.executable} -m server.cli serve tiny-llama --load-format dummy --max-model-len 64 "
+        f"--max-num-seqs 4 --max-num-batched-tokens 64 --tokenizer {tokenizer} --uvicorn-log-level warning"
+    )
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------
+def test_synthetic_tokenizer(tokenizer_dir, tmp_path):
+    from jaxllm.engine.detokenizer import IncrementalDetokenizer
+    from jaxllm.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    assert len(tok) == TINY_VOCAB
+    assert (tok.bos_token_id, tok.eos_token_id) == (TINY_BOS, TINY_EOS)
+    assert tok.encode("t5 t7 t511") == [5, 7, 511]
+    assert tok.decode([5, 7, 511]) == "t5 t7 t511"
+    ids = [300, 4, 17, 2, 9]
+    detok = IncrementalDetokenizer(tok, prompt_token_ids=[1, 3])
+    text = "".join(detok.step([i]) for i in ids) + detok.flush()
+    assert text == tok.decode(ids, skip_special_tokens=True) == "t300 t4 t17 t9"  # eos (t2) is special
+
+    saved = os.stat(os.path.join(tokenizer_dir, "tokenizer.json")).st_mtime_ns
+    write_synthetic_tokenizer(tokenizer_dir, TINY_VOCAB, TINY_BOS, TINY_EOS)  # the same: left as it is
+    assert os.stat(os.path.join(tokenizer_dir, "tokenizer.json")).st_mtime_ns == saved
+    other = write_synthetic_tokenizer(str(tmp_path / "t"), 40, 0, 39)
+    assert len(load_tokenizer(other)) == 40
+    for bad in ((0, 0, 0), (10, 10, 1), (10, 1, -1)):
+        with pytest.raises(ValueError, match="vocab_size"):
+            write_synthetic_tokenizer(str(tmp_path / "bad"), *bad)
+
+
+def test_engine_startup_from_log(tmp_path):
+    from server.cli import startup_lines
+
+    info = {
+        "model": "llama-3.1-8b",
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "bfloat16",
+        "attention_backend": "pallas",
+        "num_gpu_blocks": 54381,
+        "block_size": 16,
+        "kv_cache_gib": 106.213,
+        "max_num_seqs": 256,
+        "max_concurrency": 849.7,
+        "load_time_s": 6.45,
+        "compile_time_s": 133.51,
+        "compiled_variants": 81,
+        "startup_time_s": 148.57,
+        "compilation_cache": "/tmp/jaxllm-xla",
+    }
+    log = tmp_path / "server.log"
+    lines = startup_lines(info, 1024, "http://0.0.0.0:8000")
+    log.write_text("".join(f"INFO 2026-12-02 11:00:00,000 jaxllm.server: {ln}\n" for ln in lines))
+    got = engine_startup_from_log(str(log))
+    shown_elsewhere = {"model", "dtype", "block_size", "max_concurrency"}  # other lines, not parsed
+    assert got == {k: v for k, v in info.items() if k not in shown_elsewhere}
+    log.write_text("Traceback (most recent call last):\n")
+    assert engine_startup_from_log(str(log)) == {}
+    assert engine_startup_from_log(str(tmp_path / "missing.log")) == {}
+
+
+def test_flag_value_and_cache_count(tmp_path):
+    cmd = "jaxllm serve m --compilation-cache-dir '/a b' --port=8001"
+    assert flag_value(cmd, "--compilation-cache-dir") == "/a b"
+    assert flag_value(cmd, "--port") == "8001"
+    assert flag_value(cmd, "--tokenizer") is None and flag_value(None, "--port") is None
+    assert cache_file_count(None) is None and cache_file_count(str(tmp_path / "none")) == 0
+    (tmp_path / "c" / "sub").mkdir(parents=True)
+    for name in ("c/a", "c/sub/b", "c/sub/c"):
+        (tmp_path / name).write_text("x")
+    assert cache_file_count(str(tmp_path / "c")) == 3
+
+
+def test_levels_get_distinct_requests(tmp_path):
+    args = serve.make_parser().parse_args(
+        ["--sweep-concurrency", "1,4", "--sweep-num-prompts", "3,5", "--input-len", "6", "--output-len", "2"]
+    )
+    levels, counts = serve.level_sizes(args)
+    assert (levels, counts) == ([1, 4], [3, 5])
+    parts = serve.make_requests(args, 1000, [1, 2, *counts])
+    assert [len(p) for p in parts] == [1, 2, 3, 5]
+    prompts = [tuple(r.prompt) for p in parts for r in p]
+    assert len(set(prompts)) == 11 and all(len(p) == 6 for p in prompts)  # nothing shared: no prefix hits
+    assert serve.level_sizes(serve.make_parser().parse_args(["--num-prompts", "7"])) == ([None], [7])
+    for bad in (["--sweep-concurrency", "1,0"], ["--sweep-concurrency", "1,2", "--sweep-num-prompts", "3"]):
+        with pytest.raises(ValueError, match="--sweep"):
+            serve.level_sizes(serve.make_parser().parse_args(bad))
+    # A dataset shorter than all levels together is reused from its start.
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt_token_ids": [i, i + 1]}) + "\n" for i in range(4)))
+    args = serve.make_parser().parse_args(["--dataset", str(data), "--output-len", "3"])
+    first, second = serve.make_requests(args, None, [3, 2])
+    assert [r.prompt for r in first] == [[0, 1], [1, 2], [2, 3]] and [r.prompt for r in second] == [
+        [0, 1],
+        [1, 2],
+    ]
+
+
+# ---- against a real server ---------------------------------------------------------------------------------
+def test_sweep_restart_and_report(tokenizer_dir, tmp_path):
+    port, cache = free_port(), tmp_path / "xla"
+    url = f"http://127.0.0.1:{port}"
+    out, log = tmp_path / "sweep.json", tmp_path / "server.log"
+    argv = ["--launch", f"{server_command(tokenizer_dir)} --port {port} --compilation-cache-dir {cache}"]
+    argv += ["--base-url", url, "--server-log", str(log), "--synthetic-tokenizer", tokenizer_dir]
+    argv += ["--input-len", "12", "--output-len", "5", "--sweep-concurrency", "1,3"]
+    argv += ["--sweep-num-prompts", "2,6", "--warmup-prompts", "1", "--output-json", str(out)]
+    argv += ["--target", "c3:completed>=6", "c1:median_ttft_ms<=1e9", "c8:median_tpot_ms<=1"]
+    result = serve.main(argv)
+
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2.0)  # the server was stopped
+    saved = json.loads(out.read_text())
+    assert saved["benchmark"] == "serve-sweep" and saved["model"] == "tiny-llama"
+    assert saved["results"]["sweep"] == result["results"]["sweep"]
+    rows, runs = saved["results"]["sweep"], saved["results"]["runs"]
+    assert [(r["concurrency"], r["completed"], r["failed"], r["cut"]) for r in rows] == [
+        (1, 2, 0, False),
+        (3, 6, 0, False),
+    ]
+    for n, run, row in zip((2, 6), runs, rows, strict=True):
+        m = run["metrics"]
+        assert (m["total_input_tokens"], m["total_output_tokens"]) == (12 * n, 5 * n)  # ignore_eos honoured
+        assert 0 < row["median_ttft_ms"] < row["median_e2el_ms"]
+        assert row["output_throughput"] == pytest.approx(5 * n / m["duration_s"])
+    assert [t["met"] for t in saved["results"]["targets"]] == [True, True, None]
+    st = saved["server_startup"]
+    assert st["ready_s"] > 0 and st["cache_files_before"] == 0 and st["log"] == str(log)
+    assert st["engine"]["max_num_seqs"] == 4 and st["engine"]["max_model_len"] == 64
+    assert st["engine"]["num_gpu_blocks"] >= 4
+
+    # A restart on the same cache directory; without --keep-cache a used directory is refused.
+    files = cache_file_count(str(cache))
+    st_out = tmp_path / "startup.json"
+    base = ["--mode", "server", "--server-command", server_command(tokenizer_dir), "--port", str(free_port())]
+    base += ["--cache-dir", str(cache), "--passes", "1", "--output-json", str(st_out)]
+    if files:
+        with pytest.raises(ValueError, match="--keep-cache"):
+            startup.main(base)
+    argv = [*base, "--keep-cache", "--log-dir", str(tmp_path), "--target-warm-s", "600"]
+    r = startup.main([*argv, "--earlier-start", str(out)])
+    first, p = r["results"]["passes"]
+    assert first == {"pass": "cold", "source": str(out), **st}  # the sweep's launch, on an empty cache
+    assert p["pass"] == ("warm" if files else "cold") and p["cache_files_before"] == files
+    assert p["engine"]["num_gpu_blocks"] == st["engine"]["num_gpu_blocks"]
+    assert p["log"] == str(tmp_path / f"server-startup-0-{p['pass']}.log")
+    assert r["results"]["cold_s"] == st["ready_s"]
+    assert r["results"]["warm_s"] == (p["ready_s"] if files else None)
+    assert r["results"]["warm_met"] is (True if files else None)
+
+    text = serve.main(["--report", str(out), str(st_out)])["report"]
+    assert saved["results"]["table"] in text
+    assert (
+        "| c=3 completed >= 6 | 6.00 | yes |" in text
+        and "| c=8 median_tpot_ms <= 1 | n/a | not run |" in text
+    )
+    assert f"| cold (launch of the sweep) | {st['ready_s']:.1f} | 0 |" in text
+    assert f"| {p['pass']} | {p['ready_s']:.1f} | {files} |" in text
+
+
+def test_level_cut_at_the_deadline(tokenizer_dir, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = launch_server(f"{server_command(tokenizer_dir)} --port {port}", url, 300.0)
+    try:
+        out = tmp_path / "cut.json"
+        argv = ["--base-url", url, "--shape-model", "tiny-llama", "--input-len", "8", "--output-len", "4"]
+        argv += ["--sweep-concurrency", "1,2", "--sweep-num-prompts", "5000,4", "--output-json", str(out)]
+        t0 = time.time()
+        result = serve.main([*argv, "--sweep-deadline", str(t0 + 2.0)])
+        assert time.time() - t0 < 30
+        (row,) = result["results"]["sweep"]  # the second level never started
+        assert row["cut"] and row["concurrency"] == 1 and 0 < row["completed"] < 5000
+        assert row["completed"] + row["failed"] == 5000
+        assert result["results"]["runs"][0]["errors"] == [serve.CUT]
+        assert json.loads(out.read_text())["results"]["sweep"] == [row]
+        with pytest.raises(RuntimeError, match="no level ran"):
+            serve.main([*argv, "--sweep-deadline", str(time.time() - 1), "--no-save"])
+    finally:
+        server.stop()
