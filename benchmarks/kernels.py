@@ -8,6 +8,9 @@ Prefill: 4 x 2048 and 1 x 8192 causal; TFLOP/s counts the causal half (4 * Hq * 
 KV write: XLA scatter under donation vs the Pallas kernel, decode (64 rows) and prefill (8192 rows).
 
   python benchmarks/kernels.py --out benchmarks/results/$(date +%F)-h200-kernels.json [--quick]
+
+The decode loop variants, timed per layer inside one jitted multi-layer step, are swept by
+benchmarks/kernel_sweep.py, which shares this file's timing, JAX-kernel and dense-XLA helpers.
 """
 
 from __future__ import annotations
@@ -49,22 +52,30 @@ def bench(fn, arg_sets, target_s=0.02, reps=5):
         unrolled = jax.jit(lambda *flat: [fn(*s) for s in _split(flat, sets)])
         flat = [a for s in sets for a in s]
         return bench(lambda *a: unrolled(*a), [tuple(flat)], target_s, reps) / len(sets)
-    out = fn(*arg_sets[0])
+    return time_calls(lambda: fn(*arg_sets[0]), target_s, reps)[0]
+
+
+def time_calls(call, target_s=0.02, reps=5):
+    """(median over reps of the mean time of n back-to-back call()s, last output), after a warm-up.
+
+    n is chosen from a first timing so one round lasts about target_s (between 3 and 200 calls).
+    """
+    out = call()
     jax.block_until_ready(out)
     t0 = time.perf_counter()
-    for i in range(3):
-        out = fn(*arg_sets[i % len(arg_sets)])
+    for _ in range(3):
+        out = call()
     jax.block_until_ready(out)
     one = (time.perf_counter() - t0) / 3
     n = int(min(200, max(3, target_s / max(one, 1e-6))))
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        for i in range(n):
-            out = fn(*arg_sets[i % len(arg_sets)])
+        for _ in range(n):
+            out = call()
         jax.block_until_ready(out)
         times.append((time.perf_counter() - t0) / n)
-    return statistics.median(times)
+    return statistics.median(times), out
 
 
 def _split(flat, sets):
@@ -79,7 +90,46 @@ def try_bench(fn, arg_sets, **kw):
     try:
         return bench(fn, arg_sets, **kw), None
     except Exception as e:  # a config that does not lower or does not fit is reported, not fatal
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return None, error_text(e)
+
+
+def error_text(e: BaseException) -> str:
+    lines = str(e).strip().splitlines() or [""]
+    return f"{type(e).__name__}: {lines[0][:200]}"
+
+
+# JAX's Pallas paged_attention knobs tried (pages_per_compute_block, k_splits, num_warps, num_stages).
+JAX_DECODE_CONFIGS = [(8, 4, 4, 2), (16, 4, 4, 2), (8, 16, 8, 2), (16, 8, 8, 3), (8, 1, 4, 3)]
+
+
+def jax_paged_attention_fn(pages_per_seq, ppcb, ks, nw, ns, interpret=False):
+    """JAX's Pallas paged_attention at fixed knobs, or None where they do not divide the page count.
+
+    It takes no softmax scale: call it with q already scaled. Same q/k/v/block-table layout as ours.
+    """
+    if pages_per_seq % ks or (pages_per_seq // ks) % min(ppcb, pages_per_seq // ks):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from jax.experimental.pallas.ops.gpu import paged_attention as jpa
+    return functools.partial(
+        jpa.paged_attention,
+        pages_per_compute_block=ppcb,
+        k_splits=ks,
+        num_warps=nw,
+        num_stages=ns,
+        interpret=interpret,
+    )
+
+
+def dense_decode_attention(q, k, v, scale):
+    """Plain XLA decode attention over contiguous K/V: q [B, Hq, D], k/v [B, L, Hkv, D]."""
+    b, hq, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, hkv, hq // hkv, d)
+    s = jnp.einsum("bhgd,blhd->bhgl", qg, k, preferred_element_type=jnp.float32) * scale
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhgl,blhd->bhgd", p.astype(v.dtype), v).reshape(b, hq, d)
 
 
 def decode_case(batch, ctx, rng):
@@ -125,23 +175,15 @@ def run_decode(batch, ctx, rng, quick):
     row["ours_sweep"] = ours
 
     # JAX's own Pallas paged_attention, at its best over a small knob sweep.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from jax.experimental.pallas.ops.gpu import paged_attention as jpa
     pps = ctx // PS
-    cfgs = [(8, 4, 4, 2), (16, 4, 4, 2), (8, 16, 8, 2), (16, 8, 8, 3), (8, 1, 4, 3)]
-    if quick:
-        cfgs = cfgs[:3]
+    cfgs = JAX_DECODE_CONFIGS[:3] if quick else JAX_DECODE_CONFIGS
     jres = {}
     qs = q * scale  # JAX's kernel takes no softmax scale
     for ppcb, ks, nw, ns_ in cfgs:
-        if pps % ks or (pps // ks) % min(ppcb, pps // ks):
+        f = jax_paged_attention_fn(pps, ppcb, ks, nw, ns_)
+        if f is None:
             continue
-        f = jax.jit(
-            functools.partial(
-                jpa.paged_attention, pages_per_compute_block=ppcb, k_splits=ks, num_warps=nw, num_stages=ns_
-            )
-        )
+        f = jax.jit(f)
         t, err = try_bench(lambda bt, f=f: f(qs, k_pages, v_pages, bt, lens), [(bt,) for bt in tables])
         jres[f"ppcb{ppcb}_ks{ks}_nw{nw}_ns{ns_}"] = t if t is not None else err
     good = {k: v for k, v in jres.items() if isinstance(v, float)}
@@ -154,14 +196,7 @@ def run_decode(batch, ctx, rng, quick):
     rot = len(tables)
     kd = [jax.random.normal(jax.random.key(10 + r), (batch, ctx, HKV, D), DT) for r in range(rot)]
     vd = [jax.random.normal(jax.random.key(20 + r), (batch, ctx, HKV, D), DT) for r in range(rot)]
-
-    @jax.jit
-    def dense(q, k, v):
-        qg = q.reshape(batch, HKV, HQ // HKV, D)
-        s = jnp.einsum("bhgd,blhd->bhgl", qg, k, preferred_element_type=jnp.float32) * scale
-        p = jax.nn.softmax(s, axis=-1)
-        return jnp.einsum("bhgl,blhd->bhgd", p.astype(v.dtype), v).reshape(batch, HQ, D)
-
+    dense = jax.jit(functools.partial(dense_decode_attention, scale=scale))
     t, err = try_bench(dense, [(q, kd[r], vd[r]) for r in range(rot)])
     row["xla_s"] = t
     if err:

@@ -16,6 +16,18 @@ sequence's context: query row i of a q_len chunk sits at kv_len - q_len + i) and
 window, kv_pos > position - window. Scores are *selected*, never multiplied, and V rows past kv_len are
 zeroed, so garbage (NaN) in unused pages or the tail of the last page cannot leak.
 
+Static variants of the loop (knobs of ragged_paged_attention, compared by benchmarks/kernel_sweep.py):
+  loop_layout="split": three loops, masked head (sliding window only), unmasked interior, masked tail;
+    the interior skips the mask arithmetic. "masked": one loop that masks every step.
+  prefetch_pages: each step's page ids travel in the loop carry and the next step's are read during
+    the current one. Triton's pipeliner (AssignLatencies) splits num_stages - 1 of latency over the
+    chain of dependent loads feeding a dot; with the block-table read in the same step the K/V loads
+    sit at indirection level 1 and get one step of latency (one buffer) at num_stages 3 or 4. Carried
+    ids leave K/V at level 0: num_stages - 1 buffers in flight. (Compiled for sm_90 with Triton 3.7
+    on a CPU host, 64x2048 default tiles: 104 KiB shared memory, two CTAs per SM, without; 168 KiB,
+    one CTA per SM, two steps in flight, with.)
+  pages_per_block, num_stages, num_warps set bytes in flight per CTA against CTAs per SM.
+
 Why the Triton lowering rather than Mosaic GPU: the kernel gathers pages through the block table with
 vector indices (k_ref[page_ids]), masks loads and stores of ragged row ranges, and must also run under
 interpret=True on the CPU for the tests. The Triton lowering gives all three directly, and Triton's
@@ -46,6 +58,9 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels.rpa_schedule import build_work_items, max_work_items
 
 MASK_VALUE = -1e30
+LOOP_LAYOUTS = ("split", "masked")
+_LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False)
+KNOBS = ("block_q", "pages_per_block", "k_splits", "num_warps", "num_stages", "loop_layout", "prefetch_pages")
 _LOG2E = math.log2(math.e)
 
 
@@ -67,6 +82,8 @@ def _rpa_kernel(
     block_q: int,
     pages_per_block: int,
     pages_per_split: int,
+    loop_layout: str,
+    prefetch_pages: bool,
 ):
     w = pl.program_id(1)
     split = pl.program_id(2)
@@ -112,9 +129,21 @@ def _rpa_kernel(
         mid_lo = jnp.clip((pos_last - sliding_window + 1 + bk - 1) // bk, blk_lo, blk_hi)
     mid_hi = jnp.clip(full_hi, mid_lo, blk_hi)
 
+    last_blk = bt_ref.shape[1] // pages_per_block - 1
+
+    def page_ids(kb):
+        return bt_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]  # i32[ppb]
+
     def body(kb, carry, masked: bool):
-        acc, m_prev, l_prev = carry
-        pages = bt_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]  # i32[ppb]
+        if prefetch_pages:
+            # This step's page ids came in the carry; fetch the next step's now. The K/V loads then
+            # depend on no load of the same step, so Triton gives them the full num_stages - 1 of
+            # latency (more buffers in flight) instead of splitting it with the block-table load.
+            acc, m_prev, l_prev, pages = carry
+            pages_next = page_ids(jnp.minimum(kb + 1, last_blk))
+        else:
+            acc, m_prev, l_prev = carry
+            pages = page_ids(kb)
         k = k_ref[pages].reshape(bk, d)
         s = plgpu.dot(q, k, trans_b=True)  # f32[M, BK], in log2 units unless soft-capped
         if soft_cap is not None:
@@ -135,17 +164,25 @@ def _rpa_kernel(
             p = jnp.where(mask, p, 0.0)
         l_new = alpha * l_prev + p.sum(axis=-1)
         acc = alpha[:, None] * acc + plgpu.dot(p.astype(v.dtype), v)
+        if prefetch_pages:
+            return acc, m_new, l_new, pages_next
         return acc, m_new, l_new
 
     acc0 = jnp.zeros((m_rows, d), jnp.float32)
     m0 = jnp.full((m_rows,), MASK_VALUE, jnp.float32)
     l0 = jnp.zeros((m_rows,), jnp.float32)
-    masked_body = functools.partial(body, masked=True)
     carry = (acc0, m0, l0)
-    if sliding_window is not None:
-        carry = lax.fori_loop(blk_lo, mid_lo, masked_body, carry)
-    carry = lax.fori_loop(mid_lo, mid_hi, functools.partial(body, masked=False), carry)
-    acc, m_i, l_i = lax.fori_loop(mid_hi, blk_hi, masked_body, carry)
+    if prefetch_pages:
+        carry += (page_ids(jnp.minimum(blk_lo, last_blk)),)
+    masked_body = functools.partial(body, masked=True)
+    if loop_layout == "masked":
+        carry = lax.fori_loop(blk_lo, blk_hi, masked_body, carry)
+    else:
+        if sliding_window is not None:
+            carry = lax.fori_loop(blk_lo, mid_lo, masked_body, carry)
+        carry = lax.fori_loop(mid_lo, mid_hi, functools.partial(body, masked=False), carry)
+        carry = lax.fori_loop(mid_hi, blk_hi, masked_body, carry)
+    acc, m_i, l_i = carry[:3]
 
     out_rows = o_ref.at[pl.ds(q0, block_q), :, :]
     if not stat_refs:
@@ -186,12 +223,43 @@ def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
             k_splits=k_splits,
             num_warps=4,
             num_stages=stages,
+            **_LOOP_DEFAULTS,
         )
     rows = 128 if d <= 128 else 64
     block_q = max(1, rows // gp)
     # 128-token steps: 215 / 253 TFLOP/s at 4x2048 / 1x8192 on the H200 against 200 / 219 with 64.
     pages_per_block = max(1, (128 if d <= 128 else 32) // page_size)
-    return dict(block_q=block_q, pages_per_block=pages_per_block, k_splits=1, num_warps=8, num_stages=2)
+    return dict(
+        block_q=block_q,
+        pages_per_block=pages_per_block,
+        k_splits=1,
+        num_warps=8,
+        num_stages=2,
+        **_LOOP_DEFAULTS,
+    )
+
+
+def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b: int, **knobs) -> dict:
+    """default_config with the knobs that are not None put over it, checked."""
+    unknown = set(knobs) - set(KNOBS)
+    if unknown:
+        raise ValueError(f"unknown tuning knobs {sorted(unknown)}; known: {KNOBS}")
+    cfg = default_config(t, s, hq, hkv, d, page_size, b)
+    cfg.update({k: v for k, v in knobs.items() if v is not None})
+    cfg["prefetch_pages"] = bool(cfg["prefetch_pages"])
+    gp = _next_pow2(hq // hkv)
+    if cfg["loop_layout"] not in LOOP_LAYOUTS:
+        raise ValueError(f"loop_layout={cfg['loop_layout']!r} must be one of {LOOP_LAYOUTS}")
+    for name in ("block_q", "pages_per_block"):
+        val = cfg[name]
+        if val < 1 or val & (val - 1):
+            raise ValueError(f"{name}={val} must be a power of two >= 1")
+    if cfg["k_splits"] < 1:
+        raise ValueError(f"k_splits={cfg['k_splits']} must be >= 1")
+    rows, keys = cfg["block_q"] * gp, cfg["pages_per_block"] * page_size
+    if rows < 16 or keys < 16:
+        raise ValueError(f"tile rows block_q*group={rows} and pages_per_block*page_size={keys} must be >= 16")
+    return cfg
 
 
 def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap):
@@ -243,6 +311,8 @@ def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, s
         "k_splits",
         "num_warps",
         "num_stages",
+        "loop_layout",
+        "prefetch_pages",
     ),
 )
 def ragged_paged_attention(
@@ -263,12 +333,15 @@ def ragged_paged_attention(
     k_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    loop_layout: str | None = None,
+    prefetch_pages: bool | None = None,
 ):
     """Attention of a ragged batch (decode rows and prefill chunks together) over a paged KV cache.
 
     Same contract as ref_ragged_paged_attention. Tuning knobs left as None take default_config's
     shape-based choice: block_q query tokens per program (times the padded group size = tile rows),
-    pages_per_block pages per inner step, k_splits splits of the context (flash-decoding).
+    pages_per_block pages per inner step, k_splits splits of the context (flash-decoding), Triton's
+    num_warps / num_stages, and the loop variants loop_layout / prefetch_pages (module docstring).
     """
     _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
     t, hq, d = q.shape
@@ -276,21 +349,12 @@ def ragged_paged_attention(
     s, b = block_tables.shape
     g = hq // hkv
     gp = _next_pow2(g)
-    cfg = default_config(t, s, hq, hkv, d, ps, b)
-    block_q = cfg["block_q"] if block_q is None else block_q
-    ppb = cfg["pages_per_block"] if pages_per_block is None else pages_per_block
-    k_splits = cfg["k_splits"] if k_splits is None else k_splits
-    num_warps = cfg["num_warps"] if num_warps is None else num_warps
-    num_stages = cfg["num_stages"] if num_stages is None else num_stages
-    for name, val in (("block_q", block_q), ("pages_per_block", ppb)):
-        if val < 1 or val & (val - 1):
-            raise ValueError(f"{name}={val} must be a power of two >= 1")
-    if k_splits < 1:
-        raise ValueError(f"{k_splits=} must be >= 1")
-    if block_q * gp < 16 or ppb * ps < 16:
-        raise ValueError(
-            f"tile rows block_q*group={block_q * gp} and pages_per_block*page_size={ppb * ps} must be >= 16"
-        )
+    cfg = resolve_config(
+        t, s, hq, hkv, d, ps, b,
+        block_q=block_q, pages_per_block=pages_per_block, k_splits=k_splits, num_warps=num_warps,
+        num_stages=num_stages, loop_layout=loop_layout, prefetch_pages=prefetch_pages,
+    )  # fmt: skip
+    block_q, ppb, k_splits = cfg["block_q"], cfg["pages_per_block"], cfg["k_splits"]
 
     items = build_work_items(kv_lens, cu_q_lens, num_seqs, num_tokens=t, block_q=block_q)
     w = max_work_items(t, s, block_q)
@@ -337,7 +401,10 @@ def ragged_paged_attention(
         block_q=block_q,
         pages_per_block=ppb,
         pages_per_split=per_split,
+        loop_layout=cfg["loop_layout"],
+        prefetch_pages=cfg["prefetch_pages"],
     )
+    variant = ("_masked" if cfg["loop_layout"] == "masked" else "") + ("_pf" if cfg["prefetch_pages"] else "")
     res = pl.pallas_call(
         kernel,
         grid=(hkv, w, k_splits),
@@ -345,8 +412,8 @@ def ragged_paged_attention(
         out_specs=out_specs,
         out_shape=out_shape,
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        name=f"ragged_paged_attention_bq{block_q}_ppb{ppb}_ks{k_splits}",
+        compiler_params=plgpu.CompilerParams(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
+        name=f"ragged_paged_attention_bq{block_q}_ppb{ppb}_ks{k_splits}{variant}",
     )(items.seq, items.q0, items.q1, items.kv_len, items.pos0, bt, qg, k_pages, v_pages)
 
     if k_splits == 1:

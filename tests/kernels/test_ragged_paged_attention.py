@@ -30,6 +30,24 @@ SMALL = [
     ("mixed", jnp.float16, 32, (8, 1), 128, {"sliding_window": 20}),
     ("mixed", jnp.bfloat16, 16, (8, 2), 64, {"block_q": 8, "k_splits": 2}),
     ("chunked", jnp.bfloat16, 16, (8, 2), 128, {"sliding_window": 100, "soft_cap": 30.0}),
+    # Loop variants (module docstring of ragged_paged_attention_gpu): one masked loop, page ids carried.
+    ("decode", jnp.bfloat16, 16, (8, 2), 128, {"loop_layout": "masked"}),
+    ("decode", jnp.float16, 16, (4, 1), 64, {"prefetch_pages": True, "pages_per_block": 1}),
+    ("mixed", jnp.bfloat16, 16, (8, 2), 64, {"loop_layout": "masked", "prefetch_pages": True, "k_splits": 2}),
+    (
+        "chunked",
+        jnp.float16,
+        16,
+        (8, 2),
+        128,
+        {"prefetch_pages": True, "sliding_window": 100, "soft_cap": 30.0},
+    ),
+]
+
+# Every loop variant over ragged lengths, splits and a sliding window (three loops with carried ids).
+VARIANTS = [
+    dict(loop_layout=layout, prefetch_pages=pf, k_splits=ks, pages_per_block=ppb)
+    for layout, pf, ks, ppb in itertools.product(["split", "masked"], [False, True], [1, 3], [1, 2])
 ]
 
 FULL = [
@@ -77,6 +95,11 @@ def test_matches_reference_full_grid(case, interpret):
     _check(*case, interpret=interpret)
 
 
+@pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_loop_variants_match_reference(kw, interpret):
+    _check("mixed", jnp.bfloat16, 16, (8, 2), 64, {**kw, "sliding_window": 300}, interpret=interpret, seed=1)
+
+
 def test_padding_sequences_and_empty_batch(interpret):
     """num_seqs = 0: every row is padding and must come out as zeros."""
     prob = make_problem([1, 2], [5, 9], hq=4, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16)
@@ -104,6 +127,8 @@ def test_detects_wrong_answer(interpret):
         (lambda a: {**a, "v_pages": a["v_pages"][:, :-1]}, "k_pages/v_pages"),
         (lambda a: {**a, "sliding_window": 0}, "sliding_window"),
         (lambda a: {**a, "block_q": 3}, "block_q"),
+        (lambda a: {**a, "loop_layout": "tiled"}, "loop_layout"),
+        (lambda a: {**a, "pages_per_block": 0}, "pages_per_block"),
     ],
 )
 def test_rejects_bad_inputs(change, match):
