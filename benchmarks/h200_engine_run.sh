@@ -14,6 +14,13 @@ timeout "${THROUGHPUT_TIMEOUT:-420}" python3 benchmarks/throughput.py --model ll
   --dtype bfloat16 --num-prompts "${NUM_PROMPTS:-1000}" --input-len 512 --output-len 256 --max-model-len 1024 \
   --max-num-seqs "${MAX_SEQS:-256}" --max-num-batched-tokens "${MAX_TOKENS:-2048}" --warmup-prompts 16 \
   --output-json "$OUT/throughput-llama8b-1000x512x256.json" 2>&1 | grep -v "Processed prompts" | tail -25
+if [ "${SYNC_COMPARE:-0}" = 1 ]; then  # the same run with one step at a time (no async scheduling)
+  timeout "${THROUGHPUT_TIMEOUT:-420}" python3 benchmarks/throughput.py --model llama-3.1-8b --load-format dummy \
+    --dtype bfloat16 --num-prompts "${NUM_PROMPTS:-1000}" --input-len 512 --output-len 256 --max-model-len 1024 \
+    --max-num-seqs "${MAX_SEQS:-256}" --max-num-batched-tokens "${MAX_TOKENS:-2048}" --warmup-prompts 16 \
+    --no-async-scheduling --name llama-3.1-8b-1000x512x256-sync \
+    --output-json "$OUT/throughput-llama8b-1000x512x256-sync.json" 2>&1 | grep -v "Processed prompts" | tail -8
+fi
 if [ "${SKIP_DECODE_STEP:-0}" != 1 ]; then
   timeout "${DECODE_STEP_TIMEOUT:-180}" python3 benchmarks/decode_step.py --model llama-3.1-8b --batches 1,32,256 \
     --contexts 640,2048 --output-json "$OUT/decode-steps-llama8b.json" 2>&1 | grep -v Warning | tail -12

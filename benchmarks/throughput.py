@@ -60,6 +60,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="overlap scheduling with the device step (the engine's default)",
+    )
     p.add_argument("--compilation-cache-dir", default=None)
     p.add_argument(
         "--disable-detokenize", action="store_true", help="token ids only (always so without a tokenizer)"
@@ -99,6 +105,7 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         compilation_cache_dir=args.compilation_cache_dir,
     )

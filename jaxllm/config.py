@@ -80,6 +80,9 @@ class SchedulerConfig:
     max_model_len: int = 2048  # filled from the model when not given
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # "fcfs" | "priority"
+    # Schedule step N+1 while step N runs on the device (its sampled ids feed N+1 on the device); steps with
+    # penalties or prompt logprobs, and several hosts, fall back to one step at a time.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, f"max_num_seqs={self.max_num_seqs} must be >= 1")

@@ -47,7 +47,10 @@ class Request:
     sampling_seed: int = 0
     max_tokens: int = 16  # resolved: min(params.max_tokens, max_model_len - prompt length)
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
+    num_computed_tokens: int = 0  # advanced when a step is scheduled (its KV is written by that step)
+    # Tokens a scheduled step will sample but that have not come back yet (with async scheduling, up to
+    # two: the step in flight and the one scheduled behind it). The scheduler counts them as known.
+    num_output_placeholders: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit tokens at first scheduling (-1: not yet scheduled)
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None

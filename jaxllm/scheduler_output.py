@@ -1,8 +1,10 @@
 """What the scheduler tells the runner for one step (host only: ints, lists).
 
 Requests are listed decode-first then prefill chunks; each gets `num_new_tokens` tokens starting at
-`request.num_computed_tokens` (the value before this step). The runner samples a token for a request
-when the step reaches the end of its known tokens (`start + num_new_tokens == request.num_tokens`).
+`start` (the request's num_computed_tokens before this step; the scheduler advances it when it schedules).
+The runner samples a token for a request when the step reaches the end of its tokens (`samples`). With
+async scheduling a decode row's input token can be one the previous step is still sampling: the runner
+sees it as `start == request.num_tokens` (not yet appended) and takes it from that step's device output.
 """
 
 from __future__ import annotations
@@ -18,10 +20,7 @@ class ScheduledRequest:
     num_new_tokens: int
     start: int  # request.num_computed_tokens when scheduled
     block_ids: list[int]  # the request's whole block table, in order
-
-    @property
-    def samples(self) -> bool:
-        return self.start + self.num_new_tokens >= self.request.num_tokens
+    samples: bool = True  # the step reaches the end of the request's tokens: sample one
 
 
 @dataclass(slots=True)

@@ -62,6 +62,12 @@ def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule the next step while the device runs the current one (default: on)",
+    )
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--api-key", default=None, help=f"required key for /v1 (also from ${API_KEY_ENV})")
     p.add_argument("--chat-template", default=None, help="a Jinja template file, or the template itself")
@@ -120,6 +126,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         sched["max_model_len"] = args.max_model_len
     if chunked is not None:
         sched["enable_chunked_prefill"] = chunked
+    sched["async_scheduling"] = args.async_scheduling
     if args.max_num_batched_tokens is not None:
         sched["max_num_batched_tokens"] = args.max_num_batched_tokens
     elif chunked is False:

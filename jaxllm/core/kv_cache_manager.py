@@ -140,7 +140,10 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(rid)
         if not blocks:
             return
-        num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        # Computed positions whose token ids are known (with async scheduling a step in flight may have
+        # computed a position whose token is still being sampled).
+        known = min(request.num_computed_tokens, request.num_tokens)
+        num_full = min(known // self.block_size, len(blocks))
         num_cached = self._num_cached_blocks.get(rid, 0)
         if num_full <= num_cached:
             return

@@ -8,8 +8,15 @@ tokens to at most `max_num_seqs` requests:
   2. if nothing was preempted, waiting requests in queue order (FCFS, or (priority, arrival)): swapped
      ones get device blocks back (blocks_to_swap_in), new and preempted ones look up the prefix cache
      and get a prompt chunk (the remaining budget with chunked prefill, else the whole prompt or none).
-`update_from_output()` advances num_computed_tokens, appends sampled tokens, applies the stop conditions,
+`schedule()` advances each scheduled request's num_computed_tokens and counts the token the step will
+sample as a placeholder; `update_from_output()` appends the sampled tokens, applies the stop conditions,
 caches newly full blocks and frees finished requests.
+
+Async scheduling: `schedule()` may run again before the previous step's `update_from_output()` (the engine
+overlaps the host's scheduling with the device's step). A request whose token is still in flight counts
+it as known (one more decode token to schedule, its input read from the previous step's output on the
+device) unless that token would reach max_tokens or max_model_len; a request that turns out to have
+stopped is dropped when its results arrive, its extra step discarded.
 
 Swap pairs are (device block, host block) in both directions. The runner must copy blocks_to_swap_out
 before the step's forward pass (their device blocks are free again and may be written this step), then
@@ -115,12 +122,16 @@ class Scheduler:
         preempted = False
 
         # 1. Running requests: decodes (one remaining token) before prompt chunks; sort is stable.
-        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
+        for request in sorted(self.running, key=lambda r: _num_uncomputed(r) > 1):
             if budget == 0:
                 break
             if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_output_placeholders and self._pending_token_ends(request):
+                continue  # its token in flight is its last: it finishes when the result arrives
+            num_new = min(_num_uncomputed(request), budget)
+            if num_new <= 0:
+                continue
             while self.kv.allocate_slots(request, num_new) is None:
                 victim = self._pick_victim()
                 if victim is request and len(self.running) == 1:
@@ -163,6 +174,9 @@ class Scheduler:
         for s in out.scheduled:
             p = s.request.num_prompt_tokens
             self._prompt_tokens += max(0, min(s.start + s.num_new_tokens, p) - s.start)
+            s.request.num_computed_tokens += s.num_new_tokens
+            if s.samples:
+                s.request.num_output_placeholders += 1
         return out
 
     def update_from_output(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[Request]:
@@ -175,17 +189,17 @@ class Scheduler:
         changed, self._finished_in_schedule = self._finished_in_schedule, []
         for i, s in enumerate(sched_out.scheduled):
             request = s.request
-            if request.is_finished or request.status != RequestStatus.RUNNING:
-                continue  # finished or preempted from outside between schedule and update
             if runner_out.req_ids:
                 assert runner_out.req_ids[i] == request.request_id, (
                     runner_out.req_ids[i],
                     request.request_id,
                 )
-            assert request.num_computed_tokens == s.start
-            request.num_computed_tokens += s.num_new_tokens
-            self.kv.cache_blocks(request)
+            if s.samples and request.num_output_placeholders > 0:
+                request.num_output_placeholders -= 1
+            if request.is_finished:
+                continue  # finished from outside (abort, stop string) or by an earlier result
             new_tokens = runner_out.sampled_token_ids[i]
+            # A request preempted after this step was scheduled still gets its token: the step ran.
             status = None
             for token in new_tokens:
                 request.output_token_ids.append(token)
@@ -193,8 +207,13 @@ class Scheduler:
                 status = self._check_stop(request, token)
                 if status is not None:
                     break
+            if request.status == RequestStatus.RUNNING:
+                self.kv.cache_blocks(request)
             if status is not None:
-                self.running.remove(request)
+                if request in self.running:
+                    self.running.remove(request)
+                elif request in self.waiting:
+                    self.waiting.remove(request)
                 self._finish(request, status)
             if new_tokens or status is not None:
                 changed.append(request)
@@ -246,6 +265,8 @@ class Scheduler:
             num_new_tokens=num_new,
             start=request.num_computed_tokens,
             block_ids=self.kv.get_block_ids(request),
+            samples=request.num_computed_tokens + num_new
+            >= request.num_tokens + request.num_output_placeholders,
         )
 
     def _admit(self, request: Request, budget: int) -> int:
@@ -266,7 +287,7 @@ class Scheduler:
     def _swap_in(self, request: Request, budget: int, out: SchedulerOutput) -> int:
         """Bring a swapped request's KV back to the device and room for its next tokens; 0 if short."""
         host_blocks = self._swapped[request.request_id]
-        num_new = request.num_tokens - request.num_computed_tokens
+        num_new = _num_uncomputed(request)
         if not self.config.enable_chunked_prefill and num_new > budget:
             return 0
         num_new = min(num_new, budget)
@@ -306,6 +327,14 @@ class Scheduler:
         out.preempted_request_ids.append(request.request_id)
         self._enqueue(request, front=True)
 
+    def _pending_token_ends(self, request: Request) -> bool:
+        """The tokens in flight bring the request to max_tokens or max_model_len: schedule it no further."""
+        pending = request.num_output_placeholders
+        return (
+            request.num_output_tokens + pending >= request.max_tokens
+            or request.num_tokens + pending >= self.config.max_model_len
+        )
+
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
         if request.num_output_tokens >= params.min_tokens:
@@ -328,3 +357,8 @@ class Scheduler:
             self._free_cpu_blocks.extend(reversed(host_blocks))
         self._finished_ids.append(request.request_id)
         del self.requests[request.request_id]
+
+
+def _num_uncomputed(request: Request) -> int:
+    """Tokens the request has (its placeholders in flight included) whose KV is not computed yet."""
+    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens

@@ -162,6 +162,8 @@ class LLMEngine:
         )
 
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._inflight = None  # the dispatched step not yet collected (async scheduling)
+        self._unreported_finished: list[str] = []
         self._counter = itertools.count()
         self.last_step_tokens = 0
         self._rng = random.Random(config.model.seed)
@@ -264,12 +266,36 @@ class LLMEngine:
 
     # ---- the loop ------------------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._inflight is not None
 
     def step(self, *, finished_only: bool = False) -> list[RequestOutput]:
-        """One engine step. `finished_only` (offline generate): build RequestOutputs only for finished
-        requests, skipping the per-step snapshot of every running one."""
+        """One engine step: the outputs of one device step. `finished_only` (offline generate): build
+        RequestOutputs only for finished requests, skipping the per-step snapshot of every running one.
+
+        With async scheduling the step after the one being collected is scheduled and dispatched first,
+        so the host's scheduling and input building overlap the device's forward pass."""
+        overlap = self.config.scheduler.async_scheduling and self.step_channel is None
+        if self._inflight is None:
+            sched_out = self._schedule()
+            with self.tp.context():
+                self._inflight = self.runner.dispatch(sched_out)
+        current = self._inflight
+        self._inflight = None
+        if overlap and current.sampled is not None and self._can_overlap():
+            nxt = self._schedule()
+            if not nxt.is_empty:
+                with self.tp.context():
+                    self._inflight = self.runner.dispatch(nxt, prev=current)
+            else:
+                self._unreported_finished.extend(nxt.finished_request_ids)
+        runner_out = self.runner.collect(current)
+        return self._process(current.sched, runner_out, finished_only)
+
+    def _schedule(self):
         sched_out = self.scheduler.schedule()
+        if self._unreported_finished:  # finished ids of an empty schedule: the runner still drops them
+            sched_out.finished_request_ids = self._unreported_finished + sched_out.finished_request_ids
+            self._unreported_finished = []
         self.last_step_tokens = sched_out.num_scheduled_tokens
         now = time.monotonic()
         for sr in sched_out.scheduled:
@@ -278,8 +304,18 @@ class LLMEngine:
                 pc[0].metrics.first_scheduled_time = now
         if self.step_channel is not None:
             self.step_channel.publish(sched_out)
-        with self.tp.context():
-            runner_out = self.runner.execute(sched_out)
+        return sched_out
+
+    def _can_overlap(self) -> bool:
+        """No request needs every earlier token on the host when its next step is built (penalties read
+        the whole history; prompt logprobs need all logits of a chunk)."""
+        for r in itertools.chain(self.scheduler.running, self.scheduler.waiting):
+            p = r.sampling_params
+            if p.uses_penalties or p.prompt_logprobs is not None:
+                return False
+        return True
+
+    def _process(self, sched_out, runner_out, finished_only: bool) -> list[RequestOutput]:
         for rid, lp in runner_out.prompt_logprobs.items():
             if rid in self.output_processor.child_to_parent:
                 self.output_processor.on_prompt_logprobs(rid, lp)

@@ -47,13 +47,18 @@ class LLM:
         checkpoint_dir: str | None = None,
         compilation_cache_dir: str | None = None,
         scheduling_policy: str = "fcfs",
+        async_scheduling: bool = True,
     ):
         # Size XLA's GPU memory pool from the same fraction vLLM users set (only effective before jax starts).
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{min(gpu_memory_utilization, 0.99):.3f}")
         from jaxllm.engine.llm_engine import LLMEngine
 
         user_set = set()
-        sched_kw = {"enable_chunked_prefill": enable_chunked_prefill, "policy": scheduling_policy}
+        sched_kw = {
+            "enable_chunked_prefill": enable_chunked_prefill,
+            "policy": scheduling_policy,
+            "async_scheduling": async_scheduling,
+        }
         if max_num_seqs is not None:
             sched_kw["max_num_seqs"] = max_num_seqs
             user_set.add("max_num_seqs")

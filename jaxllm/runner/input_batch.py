@@ -28,6 +28,9 @@ class StepInputs:
     cu_q_lens: np.ndarray  # i32[S + 1]
     num_seqs: np.ndarray  # i32[1]
     logits_indices: np.ndarray  # i32[S]
+    prev_src: (
+        np.ndarray
+    )  # i32[T] row of the previous step's sampled ids that is this row's input; -1: input_ids
     num_tokens: int  # real (unpadded) rows
     shape: tuple[int, int, int]  # (T, S, B) bucket
     packed: np.ndarray  # i32[packed_size(T, S, B)]: every array above, as views into this buffer
@@ -44,6 +47,7 @@ def packed_layout(t: int, s: int, b: int) -> list[tuple[str, int, tuple[int, ...
         ("num_seqs", 1, (1,)),
         ("logits_indices", s, (s,)),
         ("block_tables", s * b, (s, b)),
+        ("prev_src", t, (t,)),
     ]
 
 
@@ -65,10 +69,15 @@ def empty_step_inputs(shape: tuple[int, int, int]) -> StepInputs:
     buf = np.zeros(packed_size(*shape), np.int32)
     v = unpack(buf, shape)
     v["slot_mapping"][:] = -1
+    v["prev_src"][:] = -1
     return StepInputs(**v, num_tokens=0, shape=shape, packed=buf)
 
 
-def build_step_inputs(sched: SchedulerOutput, plan: BucketPlan, block_size: int) -> StepInputs:
+def build_step_inputs(
+    sched: SchedulerOutput, plan: BucketPlan, block_size: int, prev_rows: dict[str, int] | None = None
+) -> StepInputs:
+    """`prev_rows` (async scheduling): request id -> its row in the previous step's sampled ids, for
+    decode rows whose input token that step is still sampling (start == request.num_tokens)."""
     reqs = sched.scheduled
     n_tok = sum(r.num_new_tokens for r in reqs)
     n_seq = len(reqs)
@@ -85,6 +94,8 @@ def build_step_inputs(sched: SchedulerOutput, plan: BucketPlan, block_size: int)
         v["logits_indices"],
     )
     slot_mapping[:] = -1
+    prev_src = v["prev_src"]
+    prev_src[:] = -1
 
     row = 0
     for i, sr in enumerate(reqs):
@@ -92,7 +103,17 @@ def build_step_inputs(sched: SchedulerOutput, plan: BucketPlan, block_size: int)
         start = sr.start
         table = sr.block_ids
         block_tables[i, : len(table)] = table
-        if n == 1:  # decode row: scalar writes, no temporary arrays
+        if n == 1 and start >= sr.request.num_tokens:  # input still being sampled by the previous step
+            src = None if prev_rows is None else prev_rows.get(sr.request.request_id)
+            if src is None:
+                raise ValueError(
+                    f"request {sr.request.request_id!r}: token {start} is not known and the previous step "
+                    "did not sample it"
+                )
+            prev_src[row] = src
+            positions[row] = start
+            slot_mapping[row] = table[start // block_size] * block_size + start % block_size
+        elif n == 1:  # decode row: scalar writes, no temporary arrays
             input_ids[row] = sr.request.token_ids_slice(start, start + 1)[0]
             positions[row] = start
             slot_mapping[row] = table[start // block_size] * block_size + start % block_size

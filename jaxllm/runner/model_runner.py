@@ -38,6 +38,17 @@ MAX_LOGPROBS = 20
 
 
 @dataclasses.dataclass
+class InFlightStep:
+    """A dispatched step: its device results (not yet read) and where each request's token sits in them."""
+
+    sched: SchedulerOutput
+    out: ModelRunnerOutput
+    sampled: object = None  # device SamplerOutput; None when nothing was scheduled
+    ids: jax.Array | None = None  # i32[ids_width] sampled ids on the device (the next step's prev_ids)
+    rows: dict[str, int] = dataclasses.field(default_factory=dict)  # request id -> row in `ids`
+
+
+@dataclasses.dataclass
 class StepTiming:
     """Where the steps' wall time went: `wait_s` is spent blocked on the device's results (the device
     was busy and the host idle); everything else in a step is host work the device waited for."""
@@ -89,12 +100,19 @@ class ModelRunner:
         self._model_step = jax.jit(
             self._model_step_impl, donate_argnums=(1,), static_argnames=("shape", "all_logits")
         )
-        self._sample = jax.jit(sample, static_argnames=("flags",))
+        # Sampled ids are also returned padded to one width, the next step's `prev_ids` (one shape).
+        self.ids_width = max(s for _, s, _ in self.plan.all_shapes())
+        self._zero_ids = None
+        self._sample = jax.jit(self._sample_impl, static_argnames=("flags",))
         self._prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
 
     # ---- the jitted pieces ---------------------------------------------------------------------------
-    def _model_step_impl(self, params, kv_caches, packed, *, shape: tuple[int, int, int], all_logits: bool):
+    def _model_step_impl(
+        self, params, kv_caches, packed, prev_ids, *, shape: tuple[int, int, int], all_logits: bool
+    ):
         v = unpack(packed, shape)
+        src = v["prev_src"]  # async scheduling: inputs the previous step sampled, still on the device
+        input_ids = jnp.where(src >= 0, prev_ids[jnp.maximum(src, 0)], v["input_ids"])
         md = AttentionMetadata(
             positions=v["positions"],
             slot_mapping=v["slot_mapping"],
@@ -103,10 +121,15 @@ class ModelRunner:
             cu_q_lens=v["cu_q_lens"],
             num_seqs=v["num_seqs"],
         )
-        hidden, kv_caches = self.module.apply({"params": params}, v["input_ids"], kv_caches, md)
+        hidden, kv_caches = self.module.apply({"params": params}, input_ids, kv_caches, md)
         rows = hidden if all_logits else hidden[v["logits_indices"]]
         logits = self.module.apply({"params": params}, rows, method="compute_logits")
         return logits, kv_caches
+
+    def _sample_impl(self, logits, md, *, flags: SamplerFlags):
+        out = sample(logits, md, flags=flags)
+        padded = jnp.zeros((self.ids_width,), jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
+        return out, padded
 
     # ---- memory --------------------------------------------------------------------------------------
     def largest_step_temp_bytes(self) -> int:
@@ -118,8 +141,9 @@ class ModelRunner:
             for _ in range(self.geometry.num_layers)
         ]
         packed = sds((packed_size(*shape),), jnp.int32)
+        prev = sds((self.ids_width,), jnp.int32)
         params = jax.tree.map(lambda x: sds(x.shape, x.dtype), self.params)
-        compiled = self._model_step.lower(params, kv, packed, shape=shape, all_logits=False).compile()
+        compiled = self._model_step.lower(params, kv, packed, prev, shape=shape, all_logits=False).compile()
         mem = compiled.memory_analysis()
         return int(getattr(mem, "temp_size_in_bytes", 0) or 0) if mem is not None else 0
 
@@ -153,26 +177,38 @@ class ModelRunner:
         return time.perf_counter() - t0
 
     # ---- one step ------------------------------------------------------------------------------------
-    def _run_model(self, inputs: StepInputs, *, all_logits: bool):
+    def _run_model(self, inputs: StepInputs, *, all_logits: bool, prev_ids=None):
+        if prev_ids is None:
+            if self._zero_ids is None:
+                self._zero_ids = jnp.zeros((self.ids_width,), jnp.int32)
+            prev_ids = self._zero_ids
         logits, self.kv_caches = self._model_step(
             self.params,
             self.kv_caches,
             jax.device_put(inputs.packed),
+            prev_ids,
             shape=inputs.shape,
             all_logits=all_logits,
         )
         return logits
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collect(self.dispatch(sched))
+
+    def dispatch(self, sched: SchedulerOutput, prev: InFlightStep | None = None) -> InFlightStep:
+        """Start the step on the device and return without waiting for it. `prev` (async scheduling): the
+        step still in flight, whose sampled ids feed this step's decode rows that need them."""
         if self.swap is not None:
             self.swap.swap_out(self.kv_caches, sched.blocks_to_swap_out)
             self.kv_caches = self.swap.swap_in(self.kv_caches, sched.blocks_to_swap_in)
         out = ModelRunnerOutput(req_ids=[sr.request.request_id for sr in sched.scheduled])
         if not sched.scheduled:
-            return out
-        inputs = build_step_inputs(sched, self.plan, self.block_size)
+            return InFlightStep(sched, out)
+        inputs = build_step_inputs(sched, self.plan, self.block_size, prev.rows if prev is not None else None)
         want_prompt_lp = [sr for sr in sched.scheduled if _wants_prompt_logprobs(sr)]
-        logits = self._run_model(inputs, all_logits=bool(want_prompt_lp))
+        logits = self._run_model(
+            inputs, all_logits=bool(want_prompt_lp), prev_ids=prev.ids if prev is not None else None
+        )
         if want_prompt_lp:
             all_logits = logits
             logits = all_logits[jnp.asarray(inputs.logits_indices)]
@@ -183,11 +219,29 @@ class ModelRunner:
         for rid in sched.finished_request_ids:
             self._rows.pop(rid, None)
         rows = [self._sampling_row(sr) if sr.samples else None for sr in sched.scheduled]
+        # Tokens of each row still in flight before the one drawn now (its own placeholder excluded).
+        pending = [
+            max(0, sr.request.num_output_placeholders - 1) if sr.samples else 0 for sr in sched.scheduled
+        ]
         flags = SamplerFlags.for_rows(rows, MAX_LOGPROBS, self.vocab_size)
-        smd = build_sampling_metadata(rows, s, self.vocab_size, history_width=self.history_width, flags=flags)
-        sampled = self._sample(logits, jax.device_put(smd), flags=flags)
+        smd = build_sampling_metadata(
+            rows, s, self.vocab_size, history_width=self.history_width, flags=flags, pending=pending
+        )
+        if flags.do_penalties and any(pending):
+            raise ValueError(
+                "penalties need every earlier token on the host: schedule such steps synchronously"
+            )
+        sampled, ids = self._sample(logits, jax.device_put(smd), flags=flags)
+        rows_of = {sr.request.request_id: i for i, sr in enumerate(sched.scheduled) if sr.samples}
+        return InFlightStep(sched, out, sampled, ids, rows_of)
+
+    def collect(self, step: InFlightStep) -> ModelRunnerOutput:
+        """Wait for a dispatched step and read its sampled tokens (and logprobs) back to the host."""
+        out, sched = step.out, step.sched
+        if step.sampled is None:
+            return out
         t_wait = time.perf_counter()
-        result = jax.device_get(sampled)
+        result = jax.device_get(step.sampled)
         self.timing.steps += 1
         self.timing.wait_s += time.perf_counter() - t_wait
         ids = np.asarray(result.token_ids)

@@ -156,9 +156,9 @@ def seed_key_data(seed: int) -> tuple[int, int]:
     return (seed >> 32) & _U32, seed & _U32
 
 
-def _suppressed(row: SamplingRow) -> list[int]:
+def _suppressed(row: SamplingRow, num_output: int) -> list[int]:
     p = row.params
-    if len(row.output_token_ids) >= p.min_tokens:
+    if num_output >= p.min_tokens:
         return []
     ids = list(p.stop_token_ids or [])
     if not p.ignore_eos:
@@ -173,12 +173,15 @@ def build_sampling_metadata(
     *,
     history_width: int | None = None,
     flags: SamplerFlags | None = None,
+    pending: Sequence[int] | None = None,
 ) -> SamplingMetadata:
     """Pads `rows` (None: a row that samples nothing this step) to `num_rows_padded` rows.
 
     The history is built (H > 0) when a row uses a penalty or `flags.do_penalties` is set (to compile
     the penalty programs ahead on an empty batch); H is `history_width` if given, else the next power
-    of two of the longest history, at least 64."""
+    of two of the longest history, at least 64. `pending[i]` (async scheduling) counts row i's earlier
+    tokens still being sampled on the device: the token drawn now is output number
+    len(output_token_ids) + pending[i] (its random key and min_tokens count from there)."""
     n = len(rows)
     if num_rows_padded < n:
         raise ValueError(f"num_rows_padded={num_rows_padded} must be >= the number of rows ({n})")
@@ -194,13 +197,17 @@ def build_sampling_metadata(
     step = np.zeros(S, np.int32)
     is_greedy = np.ones(S, bool)
 
-    suppress = [[] if row is None else _suppressed(row) for row in rows]
+    num_out = [
+        0 if row is None else len(row.output_token_ids) + (pending[i] if pending else 0)
+        for i, row in enumerate(rows)
+    ]
+    suppress = [[] if row is None else _suppressed(row, num_out[i]) for i, row in enumerate(rows)]
     for i, row in enumerate(rows):
         if row is None:
             continue
         p = row.params
         key_data[i] = seed_key_data(row.seed)
-        step[i] = len(row.output_token_ids)
+        step[i] = num_out[i]
         presence[i] = p.presence_penalty
         frequency[i] = p.frequency_penalty
         repetition[i] = p.repetition_penalty
