@@ -59,8 +59,17 @@ from pallas_kernels.rpa_schedule import build_work_items, max_work_items
 
 MASK_VALUE = -1e30
 LOOP_LAYOUTS = ("split", "masked")
-_LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False)
-KNOBS = ("block_q", "pages_per_block", "k_splits", "num_warps", "num_stages", "loop_layout", "prefetch_pages")
+_LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False, split_decode=True)
+KNOBS = (
+    "block_q",
+    "pages_per_block",
+    "k_splits",
+    "num_warps",
+    "num_stages",
+    "loop_layout",
+    "prefetch_pages",
+    "split_decode",
+)
 _LOG2E = math.log2(math.e)
 
 
@@ -199,11 +208,15 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+def _decode_like(t: int, s: int) -> bool:
+    """Few rows per sequence: decode tiles (a handful of rows, long key steps) fit the whole batch."""
+    return t <= 2 * s
+
+
 def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b: int) -> dict:
     """Static tuning from shapes alone: decode-like steps (few rows per sequence) vs prefill chunks."""
     gp = _next_pow2(hq // hkv)
-    decode_like = t <= 2 * s
-    if decode_like:
+    if _decode_like(t, s):
         block_q = max(1, 16 // gp)
         pages_per_block = max(1, 128 // page_size) if d <= 128 else max(1, 64 // page_size)
         programs = hkv * s
@@ -247,6 +260,7 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
     cfg = default_config(t, s, hq, hkv, d, page_size, b)
     cfg.update({k: v for k, v in knobs.items() if v is not None})
     cfg["prefetch_pages"] = bool(cfg["prefetch_pages"])
+    cfg["split_decode"] = bool(cfg["split_decode"])
     gp = _next_pow2(hq // hkv)
     if cfg["loop_layout"] not in LOOP_LAYOUTS:
         raise ValueError(f"loop_layout={cfg['loop_layout']!r} must be one of {LOOP_LAYOUTS}")
@@ -313,6 +327,7 @@ def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, s
         "num_stages",
         "loop_layout",
         "prefetch_pages",
+        "split_decode",
     ),
 )
 def ragged_paged_attention(
@@ -335,6 +350,7 @@ def ragged_paged_attention(
     num_stages: int | None = None,
     loop_layout: str | None = None,
     prefetch_pages: bool | None = None,
+    split_decode: bool | None = None,
 ):
     """Attention of a ragged batch (decode rows and prefill chunks together) over a paged KV cache.
 
@@ -342,6 +358,8 @@ def ragged_paged_attention(
     shape-based choice: block_q query tokens per program (times the padded group size = tile rows),
     pages_per_block pages per inner step, k_splits splits of the context (flash-decoding), Triton's
     num_warps / num_stages, and the loop variants loop_layout / prefetch_pages (module docstring).
+    split_decode (default on): in a batch tuned for prefill tiles, the one-row (decode) sequences run in
+    their own launch with the decode config; the knobs given apply to the other rows.
     """
     _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
     t, hq, d = q.shape
@@ -353,24 +371,54 @@ def ragged_paged_attention(
         t, s, hq, hkv, d, ps, b,
         block_q=block_q, pages_per_block=pages_per_block, k_splits=k_splits, num_warps=num_warps,
         num_stages=num_stages, loop_layout=loop_layout, prefetch_pages=prefetch_pages,
+        split_decode=split_decode,
     )  # fmt: skip
-    block_q, ppb, k_splits = cfg["block_q"], cfg["pages_per_block"], cfg["k_splits"]
-
-    items = build_work_items(kv_lens, cu_q_lens, num_seqs, num_tokens=t, block_q=block_q)
-    w = max_work_items(t, s, block_q)
-
-    # Block table padded so every split and every inner step reads whole, in-range rows.
-    per_split = -(-b // k_splits)
-    per_split = -(-per_split // ppb) * ppb
-    bt = jnp.pad(block_tables, ((0, 0), (0, per_split * k_splits - b)))
+    # A mixed batch (prefill tiles) splits off its decode rows: a one-row sequence in a prefill-sized tile
+    # would pay block_q times the matrix work for its context. Decode rows go first, through the decode
+    # config, then the other rows write into the same output (aliased), each launch skipping the other's.
+    dcfg = None
+    if cfg["split_decode"] and cfg["k_splits"] == 1 and not _decode_like(t, s):
+        dcfg = resolve_config(s, s, hq, hkv, d, ps, b, k_splits=1)
 
     qg = q.reshape(t, hkv, g, d)
     if gp != g:
         qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
     # Interpret mode clamps out-of-range dynamic slices instead of masking them: give it room.
-    tp = t + block_q if interpret else t
+    tp = t + max(cfg["block_q"], dcfg["block_q"] if dcfg else 1) if interpret else t
     if tp != t:
         qg = jnp.pad(qg, ((0, tp - t), (0, 0), (0, 0), (0, 0)))
+    launch = functools.partial(
+        _launch, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
+        sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret,
+    )  # fmt: skip
+    if dcfg is None:
+        out = launch(cfg, select="all")
+    else:
+        out = launch(dcfg, select="decode", num_items=s + 1)
+        out = launch(cfg, select="prefill", prior=out)
+    return out[:t, :, :g, :].reshape(t, hq, d)
+
+
+def _launch(
+    qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg, *, t, select, num_items=None,
+    prior=None, sm_scale, soft_cap, sliding_window, interpret,
+):  # fmt: skip
+    """One pallas_call over the work items of `select` rows; returns [Tp, Hkv, Gp, D] in q's dtype.
+    `prior` (k_splits == 1 only): an output to write into, aliased; rows this launch skips keep it."""
+    tp, hkv, gp, d = qg.shape
+    s, b = block_tables.shape
+    block_q, ppb, k_splits = cfg["block_q"], cfg["pages_per_block"], cfg["k_splits"]
+    if prior is not None and k_splits != 1:
+        raise ValueError("writing into a prior output needs k_splits == 1")
+    items = build_work_items(
+        kv_lens, cu_q_lens, num_seqs, num_tokens=t, block_q=block_q, select=select, num_items=num_items
+    )
+    w = items.seq.shape[0]
+
+    # Block table padded so every split and every inner step reads whole, in-range rows.
+    per_split = -(-b // k_splits)
+    per_split = -(-per_split // ppb) * ppb
+    bt = jnp.pad(block_tables, ((0, 0), (0, per_split * k_splits - b)))
 
     scalar_spec = pl.BlockSpec((w,), lambda h, i, c: (0,))
     in_specs = [scalar_spec] * 5 + [
@@ -380,7 +428,7 @@ def ragged_paged_attention(
         pl.BlockSpec((None, *v_pages.shape[1:]), lambda h, i, c: (h, 0, 0, 0)),
     ]
     if k_splits == 1:
-        out_shape = jax.ShapeDtypeStruct((tp, hkv, gp, d), q.dtype)
+        out_shape = jax.ShapeDtypeStruct((tp, hkv, gp, d), qg.dtype)
         out_specs = pl.BlockSpec((tp, None, gp, d), lambda h, i, c: (0, h, 0, 0))
     else:
         out_shape = [
@@ -404,6 +452,17 @@ def ragged_paged_attention(
         loop_layout=cfg["loop_layout"],
         prefetch_pages=cfg["prefetch_pages"],
     )
+    args = [items.seq, items.q0, items.q1, items.kv_len, items.pos0, bt, qg, k_pages, v_pages]
+    aliases = {}
+    if prior is not None:
+        inner = kernel
+
+        def kernel(*refs):  # the prior output's input ref is never read: its rows stay as they are
+            inner(*refs[:9], *refs[10:])
+
+        in_specs.append(out_specs)
+        args.append(prior)
+        aliases = {9: 0}
     variant = ("_masked" if cfg["loop_layout"] == "masked" else "") + ("_pf" if cfg["prefetch_pages"] else "")
     res = pl.pallas_call(
         kernel,
@@ -411,18 +470,17 @@ def ragged_paged_attention(
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
+        input_output_aliases=aliases,
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-        name=f"ragged_paged_attention_bq{block_q}_ppb{ppb}_ks{k_splits}{variant}",
-    )(items.seq, items.q0, items.q1, items.kv_len, items.pos0, bt, qg, k_pages, v_pages)
+        name=f"ragged_paged_attention_{select}_bq{block_q}_ppb{ppb}_ks{k_splits}{variant}",
+    )(*args)
 
     if k_splits == 1:
-        out = res
-    else:
-        acc, m, l_ = res  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2
-        m_max = m.max(axis=0)
-        scale = jnp.exp2(m - m_max[None])  # m is in log2 units
-        denom = (l_ * scale).sum(axis=0)
-        out = (acc * scale[..., None]).sum(axis=0) / jnp.where(denom == 0.0, 1.0, denom)[..., None]
-        out = out.astype(q.dtype)
-    return out[:t, :, :g, :].reshape(t, hq, d)
+        return res
+    acc, m, l_ = res  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2
+    m_max = m.max(axis=0)
+    scale = jnp.exp2(m - m_max[None])  # m is in log2 units
+    denom = (l_ * scale).sum(axis=0)
+    out = (acc * scale[..., None]).sum(axis=0) / jnp.where(denom == 0.0, 1.0, denom)[..., None]
+    return out.astype(qg.dtype)

@@ -37,14 +37,27 @@ def build_work_items(
     *,
     num_tokens: int,
     block_q: int,
+    select: str = "all",
+    num_items: int | None = None,
 ) -> WorkItems:
+    """`select`: "all" rows; "decode" only sequences of one query row (no padding items: at most one
+    item per sequence, so num_items = S + 1 is enough); "prefill" the others and the padding rows.
+    Rows of unselected sequences get no item: a program never writes them."""
+    if select not in ("all", "decode", "prefill"):
+        raise ValueError(f"select={select!r} must be 'all', 'decode' or 'prefill'")
     s = kv_lens.shape[0]
-    w = max_work_items(num_tokens, s, block_q)
+    w = max_work_items(num_tokens, s, block_q) if num_items is None else num_items
     n = jnp.clip(num_seqs[0], 0, s)
     sidx = jnp.arange(s, dtype=jnp.int32)
     real = sidx < n
     q_end = cu_q_lens[n]
-    lens = jnp.concatenate([jnp.where(real, cu_q_lens[1:] - cu_q_lens[:-1], 0), (num_tokens - q_end)[None]])
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    if select == "decode":
+        real &= q_lens == 1
+    elif select == "prefill":
+        real &= q_lens != 1
+    pad_len = (num_tokens - q_end)[None] if select != "decode" else jnp.zeros((1,), jnp.int32)
+    lens = jnp.concatenate([jnp.where(real, q_lens, 0), pad_len])
     lens = jnp.maximum(lens, 0)  # [S + 1]
     starts = jnp.concatenate([cu_q_lens[:-1], q_end[None]])  # [S + 1]
     kvl = jnp.concatenate([jnp.where(real, kv_lens, 0), jnp.zeros((1,), jnp.int32)])  # [S + 1]

@@ -26,7 +26,8 @@ SMALL = [
     ("decode", jnp.bfloat16, 64, (6, 2), 256, {}),  # group 3: padded to 4
     ("prefill", jnp.bfloat16, 16, (4, 4), 64, {}),  # MHA
     ("prefill", jnp.float16, 64, (8, 2), 128, {"soft_cap": 5.0}),
-    ("mixed", jnp.bfloat16, 16, (8, 2), 64, {}),
+    ("mixed", jnp.bfloat16, 16, (8, 2), 64, {}),  # decode rows split off into their own launch
+    ("mixed", jnp.bfloat16, 16, (8, 2), 64, {"split_decode": False}),  # one launch, prefill tiles
     ("mixed", jnp.float16, 32, (8, 1), 128, {"sliding_window": 20}),
     ("mixed", jnp.bfloat16, 16, (8, 2), 64, {"block_q": 8, "k_splits": 2}),
     ("chunked", jnp.bfloat16, 16, (8, 2), 128, {"sliding_window": 100, "soft_cap": 30.0}),
