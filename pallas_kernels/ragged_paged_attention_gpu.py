@@ -55,7 +55,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.rpa_schedule import build_work_items, max_work_items
+from pallas_kernels.rpa_schedule import build_work_items
 
 MASK_VALUE = -1e30
 LOOP_LAYOUTS = ("split", "masked")
