@@ -60,6 +60,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV blocks, fixed (as vLLM)")
     p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
@@ -106,6 +107,7 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
         tensor_parallel_size=args.tensor_parallel_size,
         compilation_cache_dir=args.compilation_cache_dir,
     )
