@@ -40,6 +40,12 @@ _CPU_MAX_BATCHED_TOKENS = 512
 _CPU_MAX_MODEL_LEN = 2048
 
 
+def size_device_memory_pool(gpu_memory_utilization: float) -> None:
+    """XLA's GPU memory pool takes the fraction vLLM users set (JAX's own default is 75%). Effective only
+    before JAX starts its backend, so every entry point calls this first."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{min(gpu_memory_utilization, 0.99):.3f}")
+
+
 def enable_compilation_cache(path: str | None) -> str | None:
     if path == "":
         return None
@@ -54,6 +60,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, user_set: frozenset[str] = frozenset()):
         """`user_set` names the scheduler fields the user gave explicitly (the rest get platform defaults)."""
         t_start = time.perf_counter()
+        size_device_memory_pool(config.cache.gpu_memory_utilization)
         self.distributed = initialize_distributed(config.parallel)  # before any other jax use
         self.cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
         on_host = jax.default_backend() == "cpu"

@@ -7,7 +7,6 @@ back in input order.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 from jaxllm.config import CacheConfig, EngineConfig, ModelSpec, ParallelConfig, RunnerConfig, SchedulerConfig
@@ -50,8 +49,9 @@ class LLM:
         async_scheduling: bool = True,
     ):
         # Size XLA's GPU memory pool from the same fraction vLLM users set (only effective before jax starts).
-        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{min(gpu_memory_utilization, 0.99):.3f}")
-        from jaxllm.engine.llm_engine import LLMEngine
+        from jaxllm.engine.llm_engine import LLMEngine, size_device_memory_pool
+
+        size_device_memory_pool(gpu_memory_utilization)
 
         user_set = set()
         sched_kw = {
