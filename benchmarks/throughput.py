@@ -256,8 +256,9 @@ def print_report(result: dict[str, Any]) -> None:
     b = r.get("step_breakdown")
     if b:
         print(
-            f"steps: {b['steps']} ({b['mean_step_ms']:.2f} ms each); blocked on the device {b['device_wait_s']} s, "
-            f"host work the device waited for {b['host_s']} s ({b['host_share']:.0%} of the wall time)"
+            f"steps: {b['steps']} ({b['mean_step_ms']:.2f} ms each); the host waited on the device {b['device_wait_s']} s "
+            f"and worked {b['host_s']} s ({b['host_share']:.0%} of the wall time; with async scheduling that work "
+            "overlaps the device's, so waiting means the device was the bottleneck)"
         )
     print(result["roofline"]["line"])
 
