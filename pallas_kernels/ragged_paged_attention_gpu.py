@@ -28,20 +28,18 @@ Static variants of the loop (knobs of ragged_paged_attention, compared by benchm
     one CTA per SM, two steps in flight, with.)
   pages_per_block, num_stages, num_warps set bytes in flight per CTA against CTAs per SM.
 
-Why the Triton lowering rather than Mosaic GPU: the kernel gathers pages through the block table with
-vector indices (k_ref[page_ids]), masks loads and stores of ragged row ranges, and must also run under
-interpret=True on the CPU for the tests. The Triton lowering gives all three directly, and Triton's
-software pipeliner overlaps the gathered page loads (num_stages). Mosaic GPU would need per-page TMA
-copies and a hand-built pipeline, and its kernels do not run in interpret mode.
-Measured on one H200 (2026-12-02, benchmarks/results/2026-12-02-h200-kernels.json; Llama-3.1-8B heads,
-page 16, bf16): decode reaches 2.0-2.5 TB/s of KV read at batch >= 8 and context >= 2048 (b64/ctx2048:
-0.234 ms = 2.30 TB/s), 1.0-1.1x JAX's Pallas paged_attention at its best knobs and ~2x dense XLA.
-Prefill reaches 215-253 TFLOP/s, about half of cuDNN (468-535); JAX's Mosaic GPU attention kernel is
-reported at 469 TFLOP/s at 1x8192 (shared/DESIGN.md), so prefill is where Mosaic GPU would pay: a
-Mosaic GPU prefill path (wgmma, TMA, warp-specialised pipeline) is the next step. Decode is
-memory-bound (~1 FLOP per byte of KV) and there the lowering matters little; what limits it is
-bytes in flight per SM (shared-memory stages x tile size vs CTAs per SM) and, for small batches, the
-per-call cost of the schedule and split-combine XLA ops (~10-20 us, shared by all layers of a step).
+Backend, chosen by measurement on one H200 (Llama-3.1-8B heads, page 16, bf16):
+  - Decode: this Triton-lowered kernel. The kernel gathers pages through the block table with vector
+    indices, masks ragged row ranges, runs under interpret=True for the CPU tests, and Triton's
+    pipeliner overlaps the gathered page loads. Decode is memory-bound (~1 FLOP per byte of KV), so the
+    lowering matters less than bytes in flight per SM. With the defaults below it reads the KV at
+    3.2-3.4 TB/s per layer (64 x 2048: 3.25; 256 x 2048: 3.32; 8 x 32768: 3.25; 64 x 32768: 3.38),
+    1.30-1.48x JAX's Pallas paged_attention at its best knobs in the same run and 2.7-2.9x dense XLA
+    (benchmarks/results/2026-12-02-h200-kernel-sweep.json).
+  - Prefill: this kernel reaches 214 TFLOP/s at 4 x 2048 causal and 252 at 1 x 8192, under half of
+    cuDNN (485 / 538). The Mosaic GPU kernel in ragged_paged_attention_mgpu.py (wgmma, per-page TMA,
+    warp-specialised pipeline) reaches 461 / 543 on the same shapes
+    (benchmarks/results/2026-12-02-h200-prefill-mgpu.json): prefill chunks belong there.
 """
 
 from __future__ import annotations
@@ -223,20 +221,27 @@ def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
         k_splits = 1
         if programs < 264:
             k_splits = _next_pow2(-(-264 // programs))
-        stages = 3
+        # Measured on the H200 (benchmarks/results/2026-12-02-h200-kernel-sweep.json, d 128, page 16, bf16,
+        # per layer): one masked loop beats the split interior loop everywhere in decode (Triton keeps V
+        # of the unmasked loop in registers instead of staging it). Without splits (b >= 33 here), 32-token
+        # steps with the page ids prefetched, 3 stages and 2 warps put ~4 programs on each SM: 3.25 TB/s at
+        # 64 x 2048, 3.32 at 256 x 2048, 3.38 at 64 x 32768 (was 2.37-2.54). With splits, 64-token steps
+        # 4 deep: 3.25 at 8 x 32768, 3.21 at 32 x 8192.
+        stages, warps, prefetch = 3, 4, False
         if k_splits > 1:
-            # Measured on the H200 (b 8-32, ctx 2k-32k): with splits, 64-token steps 4 deep beat
-            # 128-token steps 3 deep by 5-10%; without splits (b >= 64) they lose by up to 50%.
             pages_per_block = max(1, 64 // page_size)
             stages = 4
+        elif d <= 128:
+            pages_per_block = max(1, 32 // page_size)
+            warps, prefetch = 2, True
         k_splits = max(1, min(k_splits, -(-b // pages_per_block)))
         return dict(
             block_q=block_q,
             pages_per_block=pages_per_block,
             k_splits=k_splits,
-            num_warps=4,
+            num_warps=warps,
             num_stages=stages,
-            **_LOOP_DEFAULTS,
+            **{**_LOOP_DEFAULTS, "loop_layout": "masked", "prefetch_pages": prefetch},
         )
     rows = 128 if d <= 128 else 64
     block_q = max(1, rows // gp)
