@@ -4,7 +4,7 @@ Same contract as ref_ragged_paged_attention (no soft cap, no sliding window); bu
 where the Triton kernel stays at about half of cuDNN's TFLOP/s.
 
 Data flow of one call:
-  1. `_work_items` (a few small XLA ops) cuts the flattened batch into work items of TILE = 2 * block_q
+  1. `work_items` (a few small XLA ops) cuts the flattened batch into work items of TILE = 2 * block_q
      query rows of one sequence: (block-table row, tile index, kv_len, position of the first row).
      With q_tile_aligned=True item w is rows [w * TILE, (w + 1) * TILE) of q itself; otherwise each
      sequence's chunk is first gathered into a copy of q padded to whole tiles (TMA into swizzled
@@ -54,175 +54,24 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.rpa_mgpu_schedule import (
+    COMPUTE_WGS,
+    KV_LEN,
+    POS0,
+    SEQ,
+    SMEM_LIMIT,
+    TILE,
+    MgpuConfig,
+    Unit,
+    cdiv,
+    default_config,
+    kv_steps,
+    unit_schedule,
+    work_items,
+)
+
 _LOG2E = math.log2(math.e)
 _M_INIT = -1e30  # finite: exp2(-inf - _M_INIT) == 0, so fully masked rows stay 0 instead of NaN
-_COMPUTE_WGS = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class MgpuConfig:
-    """Static tuning of the kernel. TILE = 2 * block_q query rows per CTA."""
-
-    block_q: int = 64  # query rows per compute warpgroup (wgmma M)
-    block_kv: int = 128  # tokens per KV block (block_kv / page_size pages per block)
-    stages: int = 2  # KV blocks in flight (shared-memory ring depth)
-    schedule_barrier: bool = True  # compute warpgroups take turns on the tensor cores
-    longest_first: bool = True  # order work items by causal length, longest first
-    # "regs": P V takes P from registers and accumulates into O in place (pl.run_state).
-    # "smem": P is staged in shared memory and P V goes to a fresh accumulator added to O: the form
-    # interpret mode runs (it models neither register operands nor run_state accumulators).
-    pv_mode: str = "regs"
-    # Persistent grid: each CTA loops over its share of the (item, q head) units, loading the next
-    # unit's Q and K/V while it finishes the current one. Otherwise one CTA per unit.
-    persistent: bool = True
-    num_ctas: int | None = None  # CTAs of the persistent grid; None: the device's SM count (132 on H200)
-    q_buffers: int = 2  # 2: the next unit's Q loads during the current unit; 1: saves shared memory
-    compute_registers: int = 232
-    memory_registers: int = 40
-
-    def __post_init__(self):
-        if self.block_q != 64:
-            raise ValueError(f"block_q={self.block_q} must be 64 (one wgmma M tile per warpgroup)")
-        if self.block_kv % 64 or not 64 <= self.block_kv <= 256:
-            raise ValueError(f"block_kv={self.block_kv} must be 64, 128, 192 or 256")
-        if self.stages < 2:
-            raise ValueError(f"stages={self.stages} must be >= 2")
-        if self.num_ctas is not None and self.num_ctas < 1:
-            raise ValueError(f"num_ctas={self.num_ctas} must be >= 1 or None")
-        if self.q_buffers not in (1, 2):
-            raise ValueError(f"q_buffers={self.q_buffers} must be 1 or 2")
-        if self.pv_mode not in ("regs", "smem"):
-            raise ValueError(f"pv_mode={self.pv_mode!r} must be 'regs' or 'smem'")
-
-    @property
-    def tile(self) -> int:
-        return _COMPUTE_WGS * self.block_q
-
-    def smem_bytes(self, d: int, itemsize: int) -> int:
-        p_tile = _COMPUTE_WGS * self.block_q * self.block_kv if self.pv_mode == "smem" else 0
-        q_tiles = self.q_buffers * _COMPUTE_WGS * self.block_q
-        return ((q_tiles + 2 * self.stages * self.block_kv) * d + p_tile) * itemsize
-
-
-_SMEM_LIMIT = 227 * 1024 - 2048  # Hopper per-CTA maximum, less room for barriers and reductions
-
-
-def default_config(head_dim: int) -> MgpuConfig:
-    """128-token KV blocks 2 deep; at head_dim 256 shared memory allows only 64-token blocks, one Q buffer."""
-    if head_dim > 128:
-        return MgpuConfig(block_kv=64, q_buffers=1)
-    return MgpuConfig()
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class WorkItems:
-    table: jax.Array  # i32[4, W]: rows _SEQ, _TILE, _KV_LEN, _POS0 (see below)
-    q_row: jax.Array | None  # i32[W * TILE] source row in q of each padded row (not aligned), else None
-    out_row: jax.Array | None  # i32[T] padded row of each output row (not aligned), else None
-    row_valid: jax.Array | None  # bool[T] rows of real sequences (not aligned), else None
-
-
-# Rows of WorkItems.table: block-table row; tile index (the item's q and output rows are
-# [tile * TILE, (tile + 1) * TILE) of the kernel's q/out arrays); kv_len (0: write zeros); position of
-# the item's first row in its sequence.
-_SEQ, _TILE, _KV_LEN, _POS0 = range(4)
-
-
-def _work_items(kv_lens, cu_q_lens, num_seqs, *, num_tokens, cfg: MgpuConfig, aligned: bool) -> WorkItems:
-    """Work items of TILE query rows of one sequence each.
-
-    aligned: item w is rows [w * TILE, (w + 1) * TILE) of q itself. Otherwise each sequence's chunk
-    is padded to whole tiles in a padded copy of q (TMA needs tile rows to start at multiples of 8).
-    """
-    tile = cfg.tile
-    s = kv_lens.shape[0]
-    n = jnp.clip(num_seqs[0], 0, s)
-    real = jnp.arange(s, dtype=jnp.int32) < n
-    starts = cu_q_lens[:-1]
-    q_lens = jnp.where(real, cu_q_lens[1:] - starts, 0)
-    kvl = jnp.where(real, kv_lens, 0)
-    q_row = out_row = row_valid = None
-    if aligned:
-        w = _cdiv(num_tokens, tile)
-        widx = jnp.arange(w, dtype=jnp.int32)
-        row0 = widx * tile
-        # The owner of row0, as in the reference: how many sequences end at or before it.
-        seq = jnp.sum(cu_q_lens[1:][None, :] <= row0[:, None], axis=1, dtype=jnp.int32)
-        valid = (seq < n) & (row0 < cu_q_lens[n])
-        seq = jnp.minimum(seq, s - 1)
-        kv = jnp.where(valid, kvl[seq], 0)
-        pos0 = kv - q_lens[seq] + (row0 - starts[seq])
-    else:
-        n_items = _cdiv(q_lens, tile)
-        ends = jnp.cumsum(n_items)
-        begins = ends - n_items
-        w = _cdiv(num_tokens, tile) + s
-        widx = jnp.arange(w, dtype=jnp.int32)
-        seq = jnp.minimum(jnp.sum(ends[None, :] <= widx[:, None], axis=1, dtype=jnp.int32), s - 1)
-        valid = widx < ends[-1]
-        j = widx - begins[seq]
-        kv = jnp.where(valid, kvl[seq], 0)
-        pos0 = kv - q_lens[seq] + j * tile
-        q_row = jnp.minimum(
-            (starts[seq] + j * tile)[:, None] + jnp.arange(tile, dtype=jnp.int32), num_tokens - 1
-        )
-        q_row = q_row.reshape(w * tile)
-        rows = jnp.arange(num_tokens, dtype=jnp.int32)
-        rseq = jnp.sum(cu_q_lens[1:][None, :] <= rows[:, None], axis=1, dtype=jnp.int32)
-        row_valid = (rseq < n) & (rows < cu_q_lens[n])
-        rseq = jnp.minimum(rseq, s - 1)
-        out_row = jnp.where(row_valid, begins[rseq] * tile + rows - starts[rseq], 0)
-    table = jnp.stack([seq, widx, kv, pos0]).astype(jnp.int32)
-    if cfg.longest_first:
-        # Rank by KV blocks to visit (descending, ties in index order): an O(W^2) compare, no sort.
-        work = _cdiv(jnp.maximum(jnp.minimum(kv, pos0 + tile), 0), cfg.block_kv)
-        before = (work[None, :] > work[:, None]) | (
-            (work[None, :] == work[:, None]) & (widx[None, :] < widx[:, None])
-        )
-        rank = jnp.sum(before, axis=1, dtype=jnp.int32)
-        order = jnp.zeros((w,), jnp.int32).at[rank].set(widx)
-        table = table[:, order]
-    return WorkItems(table=table, q_row=q_row, out_row=out_row, row_valid=row_valid)
-
-
-def _kv_steps(kv_len, pos_first, block_q: int, block_kv: int):
-    """(blocks a warpgroup visits, of which the first `full` need no mask) for rows from pos_first."""
-    hi = jnp.maximum(jnp.minimum(kv_len, pos_first + block_q), 0)  # one past the last visible key
-    n = _cdiv(hi, block_kv)
-    full = jnp.clip(jnp.maximum(jnp.minimum(pos_first + 1, kv_len), 0) // block_kv, 0, n)
-    return n, full
-
-
-@dataclasses.dataclass(frozen=True)
-class _Unit:
-    """One (work item, q head) pair: what every warpgroup of the CTA reads about it."""
-
-    head: jax.Array
-    seq: jax.Array
-    row0: jax.Array  # first q/output row: a visible multiple of 8, as TMA into tiled SMEM needs
-    kv_len: jax.Array
-    pos0: jax.Array
-    n0: jax.Array  # KV blocks warpgroup 0 visits
-    n_cta: jax.Array  # KV blocks the CTA visits (warpgroup 1 holds the later rows: all of them)
-
-
-def unit_schedule(pid, num_units: int, grid: int):
-    """(number of units, k -> k-th unit) of CTA pid. Round r of `grid` units goes to the CTAs in snake
-    order (even rounds ascending, odd ones descending): with units ranked longest-first that balances
-    the CTAs' work without a dynamic queue."""
-    rounds, rem = divmod(num_units, grid)
-    last_pos = jnp.where(rounds % 2 == 0, pid, grid - 1 - pid)
-    count = rounds + (last_pos < rem).astype(jnp.int32)
-
-    def unit_of(k):
-        return k * grid + jnp.where(k % 2 == 0, pid, grid - 1 - pid)
-
-    return count, unit_of
 
 
 def _kernel(
@@ -263,17 +112,17 @@ def _kernel(
     wg = lax.axis_index("wg")
     my_units, unit_of = unit_schedule(lax.axis_index("p"), num_units, grid)
 
-    def unit(k) -> _Unit:
+    def unit(k) -> Unit:
         u = unit_of(k)
         item = u // num_q_heads
-        kv_len = items_ref[_KV_LEN, item]
-        pos0 = items_ref[_POS0, item]
-        n0, _ = _kv_steps(kv_len, pos0, bq, bk)
-        n1, _ = _kv_steps(kv_len, pos0 + bq, bq, bk)
-        return _Unit(
+        kv_len = items_ref[KV_LEN, item]
+        pos0 = items_ref[POS0, item]
+        n0, _ = kv_steps(kv_len, pos0, bq, bk)
+        n1, _ = kv_steps(kv_len, pos0 + bq, bq, bk)
+        return Unit(
             head=u % num_q_heads,
-            seq=items_ref[_SEQ, item],
-            row0=items_ref[_TILE, item] * cfg.tile,
+            seq=items_ref[SEQ, item],
+            row0=items_ref[TILE, item] * cfg.tile,
             kv_len=kv_len,
             pos0=pos0,
             n0=n0,
@@ -285,7 +134,7 @@ def _kernel(
             plgpu.barrier_arrive(turn_bar.at[0])
             plgpu.barrier_wait(turn_bar.at[0])
 
-    @pl.when(wg < _COMPUTE_WGS)
+    @pl.when(wg < COMPUTE_WGS)
     def _compute():
         plgpu.set_max_registers(cfg.compute_registers, action="increase")
         scale = sm_scale * _LOG2E  # scores in log2 units: p = exp2(s * scale - m)
@@ -315,7 +164,7 @@ def _kernel(
                 load_q(k, buf)
 
             pos_first = un.pos0 + wg * bq
-            n_me, full_me = _kv_steps(un.kv_len, pos_first, bq, bk)
+            n_me, full_me = kv_steps(un.kv_len, pos_first, bq, bk)
             plgpu.barrier_wait(q_bar.at[cfg.q_buffers * wg + buf])
             acc = plgpu.layout_cast(jnp.zeros((bq, d), jnp.float32), plgpu.Layout.WGMMA)
             m_i = plgpu.layout_cast(jnp.full((bq,), _M_INIT, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
@@ -412,7 +261,7 @@ def _kernel(
         lax.fori_loop(0, my_units, do_unit, jnp.int32(0))
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == _COMPUTE_WGS)
+    @pl.when(wg == COMPUTE_WGS)
     def _memory():
         plgpu.set_max_registers(cfg.memory_registers, action="decrease")
 
@@ -424,7 +273,7 @@ def _kernel(
         def do_unit(k, g0):
             un = unit(k)
             kv_head = un.head // group
-            last_page = jnp.maximum(_cdiv(un.kv_len, ps) - 1, 0)
+            last_page = jnp.maximum(cdiv(un.kv_len, ps) - 1, 0)
 
             @pl.loop(0, un.n_cta)
             def _(i):
@@ -493,8 +342,8 @@ def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, c
     ):
         if x.shape != shape or x.dtype != jnp.int32:
             raise ValueError(f"{name} must be i32{list(shape)}, got {x.dtype}{list(x.shape)}")
-    if (need := cfg.smem_bytes(d, q.dtype.itemsize)) > _SMEM_LIMIT:
-        raise ValueError(f"{cfg} needs {need} bytes of shared memory at head_dim={d}; at most {_SMEM_LIMIT}")
+    if (need := cfg.smem_bytes(d, q.dtype.itemsize)) > SMEM_LIMIT:
+        raise ValueError(f"{cfg} needs {need} bytes of shared memory at head_dim={d}; at most {SMEM_LIMIT}")
 
 
 def _check_aligned(cu_q_lens, num_seqs, tile: int):
@@ -542,7 +391,7 @@ def _prefill(
     cfg = config
     t, hq, d = q.shape
     hkv = k_pages.shape[0]
-    items = _work_items(kv_lens, cu_q_lens, num_seqs, num_tokens=t, cfg=cfg, aligned=q_tile_aligned)
+    items = work_items(kv_lens, cu_q_lens, num_seqs, num_tokens=t, cfg=cfg, aligned=q_tile_aligned)
     if q_tile_aligned:
         # TMA views the rows in tiles of 8: the row count must be a multiple of it (a copy otherwise).
         q_in = q if t % cfg.tile == 0 else jnp.pad(q, ((0, -t % cfg.tile), (0, 0), (0, 0)))
@@ -553,17 +402,17 @@ def _prefill(
     ppb = cfg.block_kv // k_pages.shape[2]
     smem = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=(tiling, swizzle))
     scratch = [
-        smem(_COMPUTE_WGS, cfg.q_buffers, cfg.block_q, d),  # q_smem
+        smem(COMPUTE_WGS, cfg.q_buffers, cfg.block_q, d),  # q_smem
         smem(cfg.stages, cfg.block_kv, d),  # k_smem
         smem(cfg.stages, cfg.block_kv, d),  # v_smem
-        plgpu.Barrier(num_barriers=cfg.q_buffers * _COMPUTE_WGS),  # q_bar
+        plgpu.Barrier(num_barriers=cfg.q_buffers * COMPUTE_WGS),  # q_bar
         plgpu.Barrier(num_arrivals=ppb, num_barriers=cfg.stages),  # k_full
         plgpu.Barrier(num_arrivals=ppb, num_barriers=cfg.stages),  # v_full
-        plgpu.Barrier(num_arrivals=_COMPUTE_WGS, num_barriers=cfg.stages),  # k_free
-        plgpu.Barrier(num_arrivals=_COMPUTE_WGS, num_barriers=cfg.stages),  # v_free
-        plgpu.Barrier(num_arrivals=_COMPUTE_WGS, num_barriers=1),  # turn_bar
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=cfg.stages),  # k_free
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=cfg.stages),  # v_free
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=1),  # turn_bar
         plgpu.Barrier(num_barriers=cfg.stages),  # v_fixed
-        smem(_COMPUTE_WGS, cfg.block_q, cfg.block_kv) if cfg.pv_mode == "smem" else None,  # p_smem
+        smem(COMPUTE_WGS, cfg.block_q, cfg.block_kv) if cfg.pv_mode == "smem" else None,  # p_smem
     ]
     num_units = items.table.shape[1] * hq
     grid = min(cfg.num_ctas or _num_sms(), num_units) if cfg.persistent else num_units
@@ -582,7 +431,7 @@ def _prefill(
         scratch_types=scratch,
         grid=(grid,),
         grid_names=("p",),
-        num_threads=_COMPUTE_WGS + 1,
+        num_threads=COMPUTE_WGS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=_interpret_params(interpret),
