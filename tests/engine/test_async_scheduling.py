@@ -102,3 +102,34 @@ def test_penalties_fall_back_to_one_step_at_a_time(tiny_llama_dir, jax_cache_dir
     a = [o.outputs[0].token_ids for o in llm.generate(None, p, prompt_token_ids=prompts, use_tqdm=False)]
     b = [o.outputs[0].token_ids for o in ref.generate(None, p, prompt_token_ids=prompts, use_tqdm=False)]
     assert a == b
+
+
+def test_abort_while_a_step_is_in_flight(tiny_llama_dir, jax_cache_dir):
+    """Aborting a request whose next step is already on the device frees its blocks, reports it once,
+    and leaves the other requests' tokens exactly as without the abort."""
+
+    def make():
+        return LLM(
+            tiny_llama_dir, dtype="float32", max_model_len=MAX_MODEL_LEN, compilation_cache_dir=jax_cache_dir
+        )
+
+    p = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
+    ref = make().generate(None, p, prompt_token_ids=prompts, use_tqdm=False)
+
+    engine = make().llm_engine
+    for i, ids in enumerate(prompts):
+        engine.add_request(str(i), ids, p)
+    outs = {}
+    for _ in range(3):
+        for o in engine.step():
+            outs[o.request_id] = o
+    assert engine._inflight is not None, "a step should be in flight after a step with async scheduling"
+    aborted = engine.abort_request("1")
+    assert [o.request_id for o in aborted] == ["1"]
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs[o.request_id] = o
+    assert outs["0"].outputs[0].token_ids == ref[0].outputs[0].token_ids
+    assert outs["2"].outputs[0].token_ids == ref[2].outputs[0].token_ids
+    assert engine.get_stats().kv_cache_usage == 0.0
