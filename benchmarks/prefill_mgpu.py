@@ -27,7 +27,6 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
+from benchmarks.kernels import time_calls  # noqa: E402
 from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention  # noqa: E402
 from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention  # noqa: E402
 from pallas_kernels.ragged_paged_attention_mgpu import MgpuConfig, prefill_paged_attention_mgpu  # noqa: E402
@@ -56,26 +56,6 @@ SWEEP = (
     MgpuConfig(pv_mode="smem"),
 )
 MAX_REL_ERR = 2e-2  # bf16
-
-
-def time_calls(call, target_s=0.03, reps=5):
-    """(median over reps of the mean time of n back-to-back call()s, last output), after a warm-up."""
-    out = call()
-    jax.block_until_ready(out)
-    t0 = time.perf_counter()
-    for _ in range(3):
-        out = call()
-    jax.block_until_ready(out)
-    one = (time.perf_counter() - t0) / 3
-    n = int(min(100, max(3, target_s / max(one, 1e-6))))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            out = call()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / n)
-    return statistics.median(times), out
 
 
 def rel_err(out, ref) -> float:
@@ -178,7 +158,7 @@ def measure(name, fn, ref_out, log_row):
     if WATCHDOG is not None:
         WATCHDOG.start(name)
     try:
-        t, out = time_calls(fn)
+        t, out = time_calls(fn, target_s=0.03)
         log_row[f"{name}_s"] = t
         if ref_out is not None:
             log_row[f"{name}_rel_err_vs_cudnn"] = rel_err(out, ref_out)

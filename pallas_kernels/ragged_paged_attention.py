@@ -14,6 +14,39 @@ import jax
 import jax.numpy as jnp
 
 
+def check_inputs(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, dtypes) -> None:
+    """The contract's shapes and dtypes, shared by the kernels; a ValueError names the argument."""
+    if q.ndim != 3:
+        raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
+    if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
+        raise ValueError(
+            f"k_pages/v_pages must both be [Hkv, P, PS, D]; got {k_pages.shape}, {v_pages.shape}"
+        )
+    _, hq, d = q.shape
+    hkv, _, ps, dk = k_pages.shape
+    if dk != d:
+        raise ValueError(f"head_dim of q ({d}) and k_pages ({dk}) must match")
+    if d not in (64, 128, 256):
+        raise ValueError(f"head_dim={d} must be one of 64, 128, 256")
+    if hq % hkv:
+        raise ValueError(f"num q heads {hq} must be a multiple of num kv heads {hkv}")
+    if ps < 1 or ps & (ps - 1):
+        raise ValueError(f"page_size={ps} must be a power of two")
+    if q.dtype not in dtypes or k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
+        names = ", ".join(jnp.dtype(t).name for t in dtypes)
+        raise ValueError(f"q/k/v dtype must match and be one of {names}; got {q.dtype}, {k_pages.dtype}")
+    if block_tables.ndim != 2 or block_tables.dtype != jnp.int32:
+        raise ValueError(f"block_tables must be i32[S, B], got {block_tables.dtype}{list(block_tables.shape)}")
+    s = block_tables.shape[0]
+    for name, x, shape in (
+        ("kv_lens", kv_lens, (s,)),
+        ("cu_q_lens", cu_q_lens, (s + 1,)),
+        ("num_seqs", num_seqs, (1,)),
+    ):
+        if x.shape != shape or x.dtype != jnp.int32:
+            raise ValueError(f"{name} must be i32{list(shape)}, got {x.dtype}{list(x.shape)}")
+
+
 @functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "sliding_window"))
 def ref_ragged_paged_attention(
     q,  # [T, Hq, D]

@@ -53,6 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.ragged_paged_attention import check_inputs
 from pallas_kernels.rpa_schedule import build_work_items
 
 MASK_VALUE = -1e30
@@ -282,36 +283,10 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
 
 
 def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap):
-    if q.ndim != 3:
-        raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
-    if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
-        raise ValueError(
-            f"k_pages/v_pages must both be [Hkv, P, PS, D]; got {k_pages.shape}, {v_pages.shape}"
-        )
-    t, hq, d = q.shape
-    hkv, _, ps, dk = k_pages.shape
-    if dk != d:
-        raise ValueError(f"head_dim of q ({d}) and k_pages ({dk}) must match")
-    if d not in (64, 128, 256):
-        raise ValueError(f"head_dim={d} must be one of 64, 128, 256")
-    if hq % hkv:
-        raise ValueError(f"num q heads {hq} must be a multiple of num kv heads {hkv}")
-    if ps < 1 or ps & (ps - 1):
-        raise ValueError(f"page_size={ps} must be a power of two")
-    if q.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32) or k_pages.dtype != q.dtype:
-        raise ValueError(f"q/k/v dtype must match and be bf16, fp16 or f32; got {q.dtype}, {k_pages.dtype}")
-    if block_tables.ndim != 2:
-        raise ValueError(f"block_tables must be i32[S, B], got shape {block_tables.shape}")
-    s = block_tables.shape[0]
-    for name, x, shape in (
-        ("kv_lens", kv_lens, (s,)),
-        ("cu_q_lens", cu_q_lens, (s + 1,)),
-        ("num_seqs", num_seqs, (1,)),
-    ):
-        if x.shape != shape or x.dtype != jnp.int32:
-            raise ValueError(f"{name} must be i32{list(shape)}, got {x.dtype}{list(x.shape)}")
-    if block_tables.dtype != jnp.int32:
-        raise ValueError(f"block_tables must be int32, got {block_tables.dtype}")
+    check_inputs(
+        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
+        dtypes=(jnp.bfloat16, jnp.float16, jnp.float32),
+    )  # fmt: skip
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"{sliding_window=} must be >= 1 or None")
     if soft_cap is not None and soft_cap <= 0:

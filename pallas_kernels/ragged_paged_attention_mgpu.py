@@ -54,6 +54,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.ragged_paged_attention import check_inputs
 from pallas_kernels.rpa_mgpu_schedule import (
     COMPUTE_WGS,
     KV_LEN,
@@ -312,36 +313,12 @@ def _zero_v_tail(v_slot, keep, v_fixed, bq: int):
 
 
 def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg: MgpuConfig):
-    if q.ndim != 3:
-        raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
-    if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
-        raise ValueError(
-            f"k_pages/v_pages must both be [Hkv, P, PS, D]; got {k_pages.shape}, {v_pages.shape}"
-        )
-    _, hq, d = q.shape
-    hkv, _, ps, dk = k_pages.shape
-    if dk != d:
-        raise ValueError(f"head_dim of q ({d}) and k_pages ({dk}) must match")
-    if d not in (64, 128, 256):
-        raise ValueError(f"head_dim={d} must be 64, 128 or 256")
-    if hq % hkv:
-        raise ValueError(f"num q heads {hq} must be a multiple of num kv heads {hkv}")
-    if ps < 8 or ps & (ps - 1) or cfg.block_kv % ps:
+    check_inputs(
+        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, dtypes=(jnp.bfloat16, jnp.float16)
+    )
+    d, ps = q.shape[2], k_pages.shape[2]
+    if ps < 8 or cfg.block_kv % ps:
         raise ValueError(f"page_size={ps} must be a power of two >= 8 dividing block_kv={cfg.block_kv}")
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
-        raise ValueError(f"q/k/v dtype must match and be bf16 or fp16; got {q.dtype}, {k_pages.dtype}")
-    if block_tables.ndim != 2 or block_tables.dtype != jnp.int32:
-        raise ValueError(
-            f"block_tables must be i32[S, B], got {block_tables.dtype}{list(block_tables.shape)}"
-        )
-    s = block_tables.shape[0]
-    for name, x, shape in (
-        ("kv_lens", kv_lens, (s,)),
-        ("cu_q_lens", cu_q_lens, (s + 1,)),
-        ("num_seqs", num_seqs, (1,)),
-    ):
-        if x.shape != shape or x.dtype != jnp.int32:
-            raise ValueError(f"{name} must be i32{list(shape)}, got {x.dtype}{list(x.shape)}")
     if (need := cfg.smem_bytes(d, q.dtype.itemsize)) > SMEM_LIMIT:
         raise ValueError(f"{cfg} needs {need} bytes of shared memory at head_dim={d}; at most {SMEM_LIMIT}")
 
