@@ -295,20 +295,7 @@ def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, s
 
 @functools.partial(
     jax.jit,
-    static_argnames=(
-        "sm_scale",
-        "soft_cap",
-        "sliding_window",
-        "interpret",
-        "block_q",
-        "pages_per_block",
-        "k_splits",
-        "num_warps",
-        "num_stages",
-        "loop_layout",
-        "prefetch_pages",
-        "split_decode",
-    ),
+    static_argnames=("sm_scale", "soft_cap", "sliding_window", "interpret", *KNOBS),
 )
 def ragged_paged_attention(
     q,  # [T, Hq, D]
