@@ -208,19 +208,27 @@ def run_decode(batch, ctx, rng, quick):
     return row
 
 
-def run_prefill(batch, length, quick):
-    t_tok = batch * length
-    q = jax.random.normal(jax.random.key(1), (t_tok, HQ, D), DT)
+def prefill_problem(batch, length):
+    """`batch` whole prompts of `length` tokens: the paged kernel's arguments (q, k_pages, v_pages, kv_lens,
+    block_tables, cu_q_lens, num_seqs) over permuted pages, and the same q/K/V contiguous per sequence
+    ([B, L, H, D]) for cuDNN and XLA: token l of sequence b is row l % PS of page block_tables[b, l // PS]."""
+    q = jax.random.normal(jax.random.key(1), (batch * length, HQ, D), DT)
     pages_per_seq = length // PS
     pool = batch * pages_per_seq
     k_pages = jax.random.normal(jax.random.key(2), (HKV, pool, PS, D), DT)
     v_pages = jax.random.normal(jax.random.key(3), (HKV, pool, PS, D), DT)
-    bt = jnp.asarray(
-        np.random.default_rng(0).permutation(pool).astype(np.int32).reshape(batch, pages_per_seq)
-    )
+    bt_np = np.random.default_rng(0).permutation(pool).astype(np.int32).reshape(batch, pages_per_seq)
     lens = jnp.full((batch,), length, jnp.int32)
     cu = jnp.arange(batch + 1, dtype=jnp.int32) * length
     ns = jnp.asarray([batch], jnp.int32)
+    kb = k_pages[:, bt_np].reshape(HKV, batch, length, D).transpose(1, 2, 0, 3)
+    vb = v_pages[:, bt_np].reshape(HKV, batch, length, D).transpose(1, 2, 0, 3)
+    paged = (q, k_pages, v_pages, lens, jnp.asarray(bt_np), cu, ns)
+    return paged, (q.reshape(batch, length, HQ, D), kb, vb)
+
+
+def run_prefill(batch, length, quick):
+    (q, k_pages, v_pages, lens, bt, cu, ns), (qb, kb, vb) = prefill_problem(batch, length)
     flops = 4 * batch * HQ * D * length * length / 2
     scale = D**-0.5
     row = dict(batch=batch, length=length, flops=flops)
@@ -248,9 +256,6 @@ def run_prefill(batch, length, quick):
         row["ours_s"], row["ours_best_config"] = good[best], json.loads(best)
     row["ours_sweep"] = ours
 
-    qb = q.reshape(batch, length, HQ, D)
-    kb = jax.random.normal(jax.random.key(4), (batch, length, HKV, D), DT)
-    vb = jax.random.normal(jax.random.key(5), (batch, length, HKV, D), DT)
     for impl in ("cudnn", "xla"):
         f = jax.jit(
             functools.partial(jax.nn.dot_product_attention, is_causal=True, scale=scale, implementation=impl)

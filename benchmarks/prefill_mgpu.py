@@ -38,13 +38,11 @@ import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
-from benchmarks.kernels import time_calls  # noqa: E402
+from benchmarks.kernels import DT, HKV, HQ, PS, D, prefill_problem, time_calls  # noqa: E402
 from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention  # noqa: E402
 from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention  # noqa: E402
 from pallas_kernels.ragged_paged_attention_mgpu import MgpuConfig, prefill_paged_attention_mgpu  # noqa: E402
 
-HQ, HKV, D, PS = 32, 8, 128, 16
-DT = jnp.bfloat16
 SHAPES = ((4, 2048), (1, 8192))
 # Sweep after the default MgpuConfig(): one CTA per unit (not persistent); 64-token blocks 3 deep;
 # 128-token blocks 3 deep (one Q buffer to fit); no tensor-core turn-taking; P through shared memory.
@@ -74,24 +72,6 @@ def config_name(cfg: MgpuConfig | None) -> str:
         if getattr(cfg, f.name) != getattr(base, f.name)
     ]
     return ",".join(diff) or "default"
-
-
-def make_problem(batch, length):
-    t = batch * length
-    q = jax.random.normal(jax.random.key(1), (t, HQ, D), DT)
-    pages_per_seq = length // PS
-    pool = batch * pages_per_seq
-    k_pages = jax.random.normal(jax.random.key(2), (HKV, pool, PS, D), DT)
-    v_pages = jax.random.normal(jax.random.key(3), (HKV, pool, PS, D), DT)
-    bt_np = np.random.default_rng(0).permutation(pool).astype(np.int32).reshape(batch, pages_per_seq)
-    bt = jnp.asarray(bt_np)
-    lens = jnp.full((batch,), length, jnp.int32)
-    cu = jnp.arange(batch + 1, dtype=jnp.int32) * length
-    ns = jnp.asarray([batch], jnp.int32)
-    # The same K/V, contiguous per sequence for cuDNN: token l of sequence b is row l % PS of page bt[b, l // PS].
-    kb = k_pages[:, bt_np].reshape(HKV, batch, length, D).transpose(1, 2, 0, 3)
-    vb = v_pages[:, bt_np].reshape(HKV, batch, length, D).transpose(1, 2, 0, 3)
-    return (q, k_pages, v_pages, lens, bt, cu, ns), (q.reshape(batch, length, HQ, D), kb, vb)
 
 
 def small_reference_check(cfg: MgpuConfig | None) -> float:
@@ -212,7 +192,7 @@ def main():
         flops = 4 * batch * HQ * D * length * length / 2
         row = dict(batch=batch, length=length, flops=flops, sweep={})
         result["shapes"].append(row)
-        paged, dense = make_problem(batch, length)
+        paged, dense = prefill_problem(batch, length)
         print(f"{batch} x {length} causal ({flops / 1e9:.0f} GFLOP)", flush=True)
         cudnn = jax.jit(
             lambda q, k, v: jax.nn.dot_product_attention(
