@@ -51,7 +51,8 @@ class InFlightStep:
 @dataclasses.dataclass
 class StepTiming:
     """Where the steps' wall time went: `wait_s` is spent blocked on the device's results (the device
-    was busy and the host idle); everything else in a step is host work the device waited for."""
+    busy, the host idle). The rest is host work: one step at a time the device waits for all of it; with
+    async scheduling it overlaps the device's step in flight."""
 
     steps: int = 0
     wait_s: float = 0.0
@@ -224,13 +225,13 @@ class ModelRunner:
             max(0, sr.request.num_output_placeholders - 1) if sr.samples else 0 for sr in sched.scheduled
         ]
         flags = SamplerFlags.for_rows(rows, MAX_LOGPROBS, self.vocab_size)
-        smd = build_sampling_metadata(
-            rows, s, self.vocab_size, history_width=self.history_width, flags=flags, pending=pending
-        )
         if flags.do_penalties and any(pending):
             raise ValueError(
                 "penalties need every earlier token on the host: schedule such steps synchronously"
             )
+        smd = build_sampling_metadata(
+            rows, s, self.vocab_size, history_width=self.history_width, flags=flags, pending=pending
+        )
         sampled, ids = self._sample(logits, jax.device_put(smd), flags=flags)
         rows_of = {sr.request.request_id: i for i, sr in enumerate(sched.scheduled) if sr.samples}
         return InFlightStep(sched, out, sampled, ids, rows_of)
@@ -291,14 +292,7 @@ class ModelRunner:
         r = sr.request
         row = self._rows.get(r.request_id)
         if row is None or row.output_token_ids is not r.output_token_ids:
-            row = SamplingRow(
-                params=r.sampling_params,
-                seed=r.sampling_seed,
-                prompt_token_ids=r.prompt_token_ids,
-                output_token_ids=r.output_token_ids,
-                eos_token_id=r.eos_token_id,
-            )
-            self._rows[r.request_id] = row
+            row = self._rows[r.request_id] = SamplingRow.from_request(r)
         return row
 
     def num_compiled(self) -> int:
