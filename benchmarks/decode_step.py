@@ -33,7 +33,7 @@ logger = logging.getLogger("jaxllm.benchmarks")
 
 def decode_inputs(runner, batch: int, context: int):
     """Packed step inputs of a decode-only batch: sequence i owns pages 1 + i*P ... (page 0 is the null page)."""
-    from jaxllm.runner.input_batch import StepInputs, packed_size, unpack
+    from jaxllm.runner.input_batch import empty_step_inputs
 
     bs = runner.block_size
     pages = -(-context // bs)
@@ -41,23 +41,21 @@ def decode_inputs(runner, batch: int, context: int):
         raise ValueError(
             f"batch {batch} x context {context} needs {batch * pages + 1} KV blocks; the cache has {runner.num_blocks}"
         )
-    t, s, b = runner.plan.shape_for(batch, batch, pages)
-    buf = np.zeros(packed_size(t, s, b), np.int32)
-    v = unpack(buf, (t, s, b))
+    inputs = empty_step_inputs(runner.plan.shape_for(batch, batch, pages))
     rows = np.arange(batch)
     tables = 1 + rows[:, None] * pages + np.arange(pages)[None, :]
-    v["block_tables"][:batch, :pages] = tables
     pos = context - 1
-    v["input_ids"][:batch] = (rows * 7919) % 1000 + 1
-    v["positions"][:batch] = pos
-    v["slot_mapping"][:] = -1
-    v["slot_mapping"][:batch] = tables[:, pos // bs] * bs + pos % bs
-    v["kv_lens"][:batch] = context
-    v["cu_q_lens"][1 : batch + 1] = rows + 1
-    v["cu_q_lens"][batch + 1 :] = batch
-    v["num_seqs"][0] = batch
-    v["logits_indices"][:batch] = rows
-    return StepInputs(**v, num_tokens=batch, shape=(t, s, b), packed=buf)
+    inputs.block_tables[:batch, :pages] = tables
+    inputs.input_ids[:batch] = (rows * 7919) % 1000 + 1
+    inputs.positions[:batch] = pos
+    inputs.slot_mapping[:batch] = tables[:, pos // bs] * bs + pos % bs
+    inputs.kv_lens[:batch] = context
+    inputs.cu_q_lens[1 : batch + 1] = rows + 1
+    inputs.cu_q_lens[batch + 1 :] = batch
+    inputs.num_seqs[0] = batch
+    inputs.logits_indices[:batch] = rows
+    inputs.num_tokens = batch
+    return inputs
 
 
 def randomize_kv(runner, seed: int = 0) -> None:
@@ -69,13 +67,12 @@ def randomize_kv(runner, seed: int = 0) -> None:
         return jax.random.normal(key, like.shape, like.dtype)
 
     key = jax.random.key(seed)
-    for i in range(len(runner.kv_caches)):
+    for i, (k, v) in enumerate(runner.kv_caches):
         kk, kv = jax.random.split(jax.random.fold_in(key, i))
-        k, v = runner.kv_caches[i]
-        runner.kv_caches[i] = (jax.device_put(fill(kk, k), k.sharding), v)
-        del k
-        runner.kv_caches[i] = (runner.kv_caches[i][0], jax.device_put(fill(kv, v), v.sharding))
-        del v
+        runner.kv_caches[i] = (
+            jax.device_put(fill(kk, k), k.sharding),
+            jax.device_put(fill(kv, v), v.sharding),
+        )
         jax.block_until_ready(runner.kv_caches[i])
 
 
