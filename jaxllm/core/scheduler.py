@@ -101,10 +101,7 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is None or request.is_finished:
                 continue
-            if request in self.running:
-                self.running.remove(request)
-            elif request in self.waiting:
-                self.waiting.remove(request)
+            self._dequeue(request)
             self._finish(request, status)
 
     def has_unfinished_requests(self) -> bool:
@@ -210,10 +207,7 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING:
                 self.kv.cache_blocks(request)
             if status is not None:
-                if request in self.running:
-                    self.running.remove(request)
-                elif request in self.waiting:
-                    self.waiting.remove(request)
+                self._dequeue(request)
                 self._finish(request, status)
             if new_tokens or status is not None:
                 changed.append(request)
@@ -347,6 +341,13 @@ class Scheduler:
         if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def _dequeue(self, request: Request) -> None:
+        """Take a request out of whichever queue holds it (preempted ones wait while a result is due)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Mark finished (the caller took it out of its queue) and release its device and host blocks."""
