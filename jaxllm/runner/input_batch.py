@@ -28,9 +28,7 @@ class StepInputs:
     cu_q_lens: np.ndarray  # i32[S + 1]
     num_seqs: np.ndarray  # i32[1]
     logits_indices: np.ndarray  # i32[S]
-    prev_src: (
-        np.ndarray
-    )  # i32[T] row of the previous step's sampled ids that is this row's input; -1: input_ids
+    prev_src: np.ndarray  # i32[T] row of the previous step's sampled ids feeding this row; -1: input_ids
     num_tokens: int  # real (unpadded) rows
     shape: tuple[int, int, int]  # (T, S, B) bucket
     packed: np.ndarray  # i32[packed_size(T, S, B)]: every array above, as views into this buffer
@@ -84,18 +82,10 @@ def build_step_inputs(
     max_pages = max((len(r.block_ids) for r in reqs), default=1)
     t, s, b = plan.shape_for(n_tok, n_seq, max_pages)
 
-    buf = np.zeros(packed_size(t, s, b), np.int32)
-    v = unpack(buf, (t, s, b))
-    input_ids, positions, slot_mapping = v["input_ids"], v["positions"], v["slot_mapping"]
-    block_tables, kv_lens, cu, logits_indices = (
-        v["block_tables"],
-        v["kv_lens"],
-        v["cu_q_lens"],
-        v["logits_indices"],
-    )
-    slot_mapping[:] = -1
-    prev_src = v["prev_src"]
-    prev_src[:] = -1
+    inputs = empty_step_inputs((t, s, b))
+    input_ids, positions, slot_mapping = inputs.input_ids, inputs.positions, inputs.slot_mapping
+    block_tables, kv_lens, cu = inputs.block_tables, inputs.kv_lens, inputs.cu_q_lens
+    logits_indices, prev_src = inputs.logits_indices, inputs.prev_src
 
     row = 0
     for i, sr in enumerate(reqs):
@@ -127,5 +117,6 @@ def build_step_inputs(
         cu[i + 1] = row
         logits_indices[i] = row - 1
     cu[n_seq + 1 :] = row
-    v["num_seqs"][0] = n_seq
-    return StepInputs(**v, num_tokens=n_tok, shape=(t, s, b), packed=buf)
+    inputs.num_seqs[0] = n_seq
+    inputs.num_tokens = n_tok
+    return inputs
