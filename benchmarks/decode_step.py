@@ -27,6 +27,7 @@ if __package__ in (None, ""):
 
 from benchmarks.roofline import HARDWARE, decode_step_bytes, decode_step_seconds, shape_for_model
 from benchmarks.workload import make_result, save_result
+from jaxllm.config import ATTENTION_BACKENDS
 
 logger = logging.getLogger("jaxllm.benchmarks")
 
@@ -100,6 +101,7 @@ def main(argv=None) -> dict:
     p.add_argument(
         "--gpu-memory-utilization", type=float, default=0.8, help="leaves room to randomize the KV"
     )
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--hardware", default="h200", choices=sorted(HARDWARE))
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
@@ -120,6 +122,7 @@ def main(argv=None) -> dict:
         max_num_batched_tokens=max(max(batches), 16),
         gpu_memory_utilization=args.gpu_memory_utilization,
         compile_ahead=False,
+        attention_backend=args.attention_backend,
     )
     runner = llm.llm_engine.runner
     randomize_kv(runner)

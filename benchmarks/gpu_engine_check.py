@@ -9,7 +9,8 @@ two continuations part, the reference's top-2 logprob gap at that position is sm
 float32 against bfloat16 weights (same prompts): 14/48 identical continuations, logprob differences up to
 0.51 on shared prefixes, divergences at top-2 gaps up to 0.57. On the H200 (2026-12-02) Pallas against
 reference in bf16 gave 29/48 identical, differences up to 0.30, gaps up to 0.43: inside that floor.
-Writes a JSON summary to the path given as the first argument.
+Writes a JSON summary to the path given as the first argument; the backends to check against the
+reference follow it (default: pallas), e.g. `gpu_engine_check.py out.json pallas pallas-hopper`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,31 @@ from jaxllm import LLM, SamplingParams
 from tests.utils.tiny_models import save_tiny_llama
 
 
-def main(out_path: str) -> int:
+def compare(ref: dict, pal: dict, n: int) -> tuple[dict, bool]:
+    """Summary of one backend's continuations against the reference's, and whether it passes."""
+    same = sum(a == b for a, b in zip(ref["tokens"], pal["tokens"]))
+    first_same = sum(a[0] == b[0] for a, b in zip(ref["tokens"], pal["tokens"]))
+    lp_diff = float(np.max(np.abs(np.array(ref["first_lp"]) - np.array(pal["first_lp"]))))
+    gaps, prefix_diffs = [], []
+    for a, b, lpa, lpb in zip(ref["tokens"], pal["tokens"], ref["logprobs"], pal["logprobs"]):
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        upto = len(a) if k is None else k
+        prefix_diffs += [abs(lpa[i][a[i]].logprob - lpb[i][a[i]].logprob) for i in range(upto)]
+        if k is not None:
+            top = sorted((lp.logprob for lp in lpa[k].values()), reverse=True)
+            gaps.append(top[0] - top[1])
+    summary = dict(
+        prompts=n,
+        identical_sequences=same,
+        identical_first_tokens=first_same,
+        max_first_logprob_diff=lp_diff,
+        divergence_top2_gaps=gaps,
+        max_logprob_diff_on_shared_prefix=max(prefix_diffs),
+    )
+    return summary, first_same == n and all(g < 0.6 for g in gaps) and max(prefix_diffs) < 0.6
+
+
+def main(out_path: str, backends: list[str]) -> int:
     folder = save_tiny_llama(
         tempfile.mkdtemp(),
         hidden_size=256,
@@ -38,7 +63,7 @@ def main(out_path: str) -> int:
     prompts = [rng.integers(3, 380, int(n)).tolist() for n in rng.integers(1, 300, 48)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
     results = {}
-    for backend in ("reference", "pallas"):
+    for backend in ("reference", *backends):
         llm = LLM(
             folder,
             dtype="bfloat16",
@@ -56,33 +81,15 @@ def main(out_path: str) -> int:
             first_lp=[o.outputs[0].logprobs[0][o.outputs[0].token_ids[0]].logprob for o in outs],
             seconds=time.perf_counter() - t,
         )
-    ref, pal = results["reference"], results["pallas"]
-    same = sum(a == b for a, b in zip(ref["tokens"], pal["tokens"]))
-    first_same = sum(a[0] == b[0] for a, b in zip(ref["tokens"], pal["tokens"]))
-    lp_diff = float(np.max(np.abs(np.array(ref["first_lp"]) - np.array(pal["first_lp"]))))
-    gaps, prefix_diffs = [], []
-    for a, b, lpa, lpb in zip(ref["tokens"], pal["tokens"], ref["logprobs"], pal["logprobs"]):
-        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        upto = len(a) if k is None else k
-        prefix_diffs += [abs(lpa[i][a[i]].logprob - lpb[i][a[i]].logprob) for i in range(upto)]
-        if k is not None:
-            top = sorted((lp.logprob for lp in lpa[k].values()), reverse=True)
-            gaps.append(top[0] - top[1])
-    summary = dict(
-        prompts=len(prompts),
-        identical_sequences=same,
-        identical_first_tokens=first_same,
-        max_first_logprob_diff=lp_diff,
-        divergence_top2_gaps=gaps,
-        max_logprob_diff_on_shared_prefix=max(prefix_diffs),
-        seconds={k: v["seconds"] for k, v in results.items()},
-    )
+    summary, ok = {"seconds": {k: v["seconds"] for k, v in results.items()}}, True
+    for backend in backends:
+        summary[backend], passed = compare(results["reference"], results[backend], len(prompts))
+        print("ENGINE GPU CHECK", backend, "PASS" if passed else "FAIL")
+        ok = ok and passed
     json.dump(summary, open(out_path, "w"), indent=1)
     print(json.dumps(summary))
-    ok = first_same == len(prompts) and all(g < 0.6 for g in gaps) and max(prefix_diffs) < 0.6
-    print("ENGINE GPU CHECK", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "engine_check.json"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "engine_check.json", sys.argv[2:] or ["pallas"]))

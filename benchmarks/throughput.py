@@ -34,6 +34,7 @@ from benchmarks.workload import (
     random_requests,
     save_result,
 )
+from jaxllm.config import ATTENTION_BACKENDS
 
 logger = logging.getLogger("jaxllm.benchmarks")
 
@@ -60,6 +61,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV blocks, fixed (as vLLM)")
     p.add_argument(
         "--async-scheduling",
@@ -106,6 +108,7 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        attention_backend=args.attention_backend,
         async_scheduling=args.async_scheduling,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy", "orbax")
-ATTENTION_BACKENDS = ("auto", "reference", "pallas")
+ATTENTION_BACKENDS = ("auto", "reference", "pallas", "pallas-hopper")
 QUANTIZATIONS = (None, "gguf")
 
 
@@ -117,7 +117,7 @@ class ParallelConfig:
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
-    attention_backend: str = "auto"  # auto: pallas on GPU, reference elsewhere
+    attention_backend: str = "auto"  # auto: pallas on GPU, reference elsewhere; pallas-hopper: sm_90 prefill
     enforce_eager: bool = False  # skip ahead-of-time compilation of every bucket at startup
     # Compile every bucket at startup. None: on accelerators yes; on the host no (each variant of a
     # 30-layer model costs seconds of CPU there), so variants compile on first use and land in the

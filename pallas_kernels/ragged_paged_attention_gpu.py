@@ -203,25 +203,25 @@ def _rpa_kernel(
         plgpu.store(l_ref.at[pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=tok_valid[:, None])
 
 
-def _next_pow2(x: int) -> int:
+def next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _decode_like(t: int, s: int) -> bool:
+def decode_like(t: int, s: int) -> bool:
     """Few rows per sequence: decode tiles (a handful of rows, long key steps) fit the whole batch."""
     return t <= 2 * s
 
 
 def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b: int) -> dict:
     """Static tuning from shapes alone: decode-like steps (few rows per sequence) vs prefill chunks."""
-    gp = _next_pow2(hq // hkv)
-    if _decode_like(t, s):
+    gp = next_pow2(hq // hkv)
+    if decode_like(t, s):
         block_q = max(1, 16 // gp)
         pages_per_block = max(1, 128 // page_size) if d <= 128 else max(1, 64 // page_size)
         programs = hkv * s
         k_splits = 1
         if programs < 264:
-            k_splits = _next_pow2(-(-264 // programs))
+            k_splits = next_pow2(-(-264 // programs))
         # Measured on the H200 (benchmarks/results/2026-12-02-h200-kernel-sweep.json, d 128, page 16, bf16,
         # per layer): one masked loop beats the split interior loop everywhere in decode (Triton keeps V
         # of the unmasked loop in registers instead of staging it). Without splits (b >= 33 here), 32-token
@@ -267,7 +267,7 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
     cfg.update({k: v for k, v in knobs.items() if v is not None})
     cfg["prefetch_pages"] = bool(cfg["prefetch_pages"])
     cfg["split_decode"] = bool(cfg["split_decode"])
-    gp = _next_pow2(hq // hkv)
+    gp = next_pow2(hq // hkv)
     if cfg["loop_layout"] not in LOOP_LAYOUTS:
         raise ValueError(f"loop_layout={cfg['loop_layout']!r} must be one of {LOOP_LAYOUTS}")
     for name in ("block_q", "pages_per_block"):
@@ -282,7 +282,7 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
     return cfg
 
 
-def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap):
+def validate_args(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap):
     check_inputs(
         q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
         dtypes=(jnp.bfloat16, jnp.float16, jnp.float32),
@@ -328,12 +328,12 @@ def ragged_paged_attention(
     split_decode (default on): in a batch tuned for prefill tiles, the one-row (decode) sequences run in
     their own launch with the decode config; the knobs given apply to the other rows.
     """
-    _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
+    validate_args(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
     t, hq, d = q.shape
     hkv, _, ps, _ = k_pages.shape
     s, b = block_tables.shape
     g = hq // hkv
-    gp = _next_pow2(g)
+    gp = next_pow2(g)
     cfg = resolve_config(
         t, s, hq, hkv, d, ps, b,
         block_q=block_q, pages_per_block=pages_per_block, k_splits=k_splits, num_warps=num_warps,
@@ -344,7 +344,7 @@ def ragged_paged_attention(
     # would pay block_q times the matrix work for its context. Decode rows go first, through the decode
     # config, then the other rows write into the same output (aliased), each launch skipping the other's.
     dcfg = None
-    if cfg["split_decode"] and cfg["k_splits"] == 1 and not _decode_like(t, s):
+    if cfg["split_decode"] and cfg["k_splits"] == 1 and not decode_like(t, s):
         dcfg = resolve_config(s, s, hq, hkv, d, ps, b, k_splits=1)
 
     qg = q.reshape(t, hkv, g, d)
@@ -355,7 +355,7 @@ def ragged_paged_attention(
     if tp != t:
         qg = jnp.pad(qg, ((0, tp - t), (0, 0), (0, 0), (0, 0)))
     launch = functools.partial(
-        _launch, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
+        launch_rows, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
         sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret,
     )  # fmt: skip
     if dcfg is None:
@@ -366,20 +366,22 @@ def ragged_paged_attention(
     return out[:t, :, :g, :].reshape(t, hq, d)
 
 
-def _launch(
+def launch_rows(
     qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg, *, t, select, num_items=None,
-    prior=None, sm_scale, soft_cap, sliding_window, interpret,
+    max_q_len=None, prior=None, sm_scale, soft_cap, sliding_window, interpret,
 ):  # fmt: skip
-    """One pallas_call over the work items of `select` rows; returns [Tp, Hkv, Gp, D] in q's dtype.
-    `prior` (k_splits == 1 only): an output to write into, aliased; rows this launch skips keep it."""
+    """One pallas_call over the work items of `select` rows (rpa_schedule.build_work_items); returns
+    [Tp, Hkv, Gp, D] in q's dtype. `prior` (k_splits == 1 only): an output to write into, aliased; rows
+    this launch skips keep it."""
     tp, hkv, gp, d = qg.shape
     s, b = block_tables.shape
     block_q, ppb, k_splits = cfg["block_q"], cfg["pages_per_block"], cfg["k_splits"]
     if prior is not None and k_splits != 1:
         raise ValueError("writing into a prior output needs k_splits == 1")
     items = build_work_items(
-        kv_lens, cu_q_lens, num_seqs, num_tokens=t, block_q=block_q, select=select, num_items=num_items
-    )
+        kv_lens, cu_q_lens, num_seqs, num_tokens=t, block_q=block_q, select=select, num_items=num_items,
+        max_q_len=max_q_len,
+    )  # fmt: skip
     w = items.seq.shape[0]
 
     # Block table padded so every split and every inner step reads whole, in-range rows.

@@ -350,7 +350,7 @@ def _interpret_params(interpret):
     return plgpu.InterpretGPUParams() if interpret else None
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "q_tile_aligned", "config", "interpret"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "q_tile_aligned", "min_q_len", "config", "interpret"))
 def _prefill(
     q,
     k_pages,
@@ -362,13 +362,16 @@ def _prefill(
     *,
     sm_scale,
     q_tile_aligned,
+    min_q_len,
     config,
     interpret,
 ):
     cfg = config
     t, hq, d = q.shape
     hkv = k_pages.shape[0]
-    items = work_items(kv_lens, cu_q_lens, num_seqs, num_tokens=t, cfg=cfg, aligned=q_tile_aligned)
+    items = work_items(
+        kv_lens, cu_q_lens, num_seqs, num_tokens=t, cfg=cfg, aligned=q_tile_aligned, min_q_len=min_q_len
+    )
     if q_tile_aligned:
         # TMA views the rows in tiles of 8: the row count must be a multiple of it (a copy otherwise).
         q_in = q if t % cfg.tile == 0 else jnp.pad(q, ((0, -t % cfg.tile), (0, 0), (0, 0)))
@@ -431,6 +434,7 @@ def prefill_paged_attention_mgpu(
     *,
     sm_scale: float,
     q_tile_aligned: bool = False,
+    min_q_len: int = 1,
     config: MgpuConfig | None = None,
     interpret: bool | plgpu.InterpretGPUParams = False,
 ):
@@ -445,7 +449,9 @@ def prefill_paged_attention_mgpu(
     are never read. q_tile_aligned=True additionally needs every real sequence's q chunk to start at
     and span a multiple of TILE = 2 * config.block_q (128) rows; it then writes rows in place and
     skips the gather of q_tile_aligned=False. With concrete (non-traced) cu_q_lens/num_seqs that is
-    checked and a ValueError raised.
+    checked and a ValueError raised. min_q_len (q_tile_aligned=False only): sequences with fewer query
+    rows are left to another kernel; their rows come out zero, and the padded copy of q is bounded by
+    T / TILE + T / min_q_len tiles instead of T / TILE + S.
     Supported: bf16/fp16, head_dim 64/128/256 (256: block_kv 64 and one Q buffer, to fit shared
     memory), page size a power of two >= 8 dividing block_kv, any Hq multiple of Hkv. Cost of
     q_tile_aligned=False: a gather of q into (T / TILE + S) * TILE padded rows and one of the output
@@ -456,6 +462,8 @@ def prefill_paged_attention_mgpu(
     if interpret:
         cfg = dataclasses.replace(cfg, pv_mode="smem")
     _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg)
+    if min_q_len < 1 or (q_tile_aligned and min_q_len > 1):
+        raise ValueError(f"min_q_len={min_q_len} must be >= 1, and 1 with q_tile_aligned=True")
     if q_tile_aligned:
         _check_aligned(cu_q_lens, num_seqs, cfg.tile)
     return _prefill(
@@ -468,6 +476,7 @@ def prefill_paged_attention_mgpu(
         num_seqs,
         sm_scale=float(sm_scale),
         q_tile_aligned=q_tile_aligned,
+        min_q_len=int(min_q_len),
         config=cfg,
         interpret=interpret,
     )

@@ -90,17 +90,32 @@ class WorkItems:
 SEQ, TILE, KV_LEN, POS0 = range(4)
 
 
-def work_items(kv_lens, cu_q_lens, num_seqs, *, num_tokens, cfg: MgpuConfig, aligned: bool) -> WorkItems:
+def max_padded_items(num_tokens: int, num_seq_slots: int, tile: int, min_q_len: int = 1) -> int:
+    """Static bound on the items of the padded layout: each selected sequence adds at most one partial
+    tile, and at most num_tokens // min_q_len sequences have min_q_len rows or more."""
+    return cdiv(num_tokens, tile) + min(num_seq_slots, num_tokens // max(min_q_len, 1))
+
+
+def work_items(
+    kv_lens, cu_q_lens, num_seqs, *, num_tokens, cfg: MgpuConfig, aligned: bool, min_q_len: int = 1
+) -> WorkItems:
     """Work items of TILE query rows of one sequence each.
 
     aligned: item w is rows [w * TILE, (w + 1) * TILE) of q itself. Otherwise each sequence's chunk
     is padded to whole tiles in a padded copy of q (TMA needs tile rows to start at multiples of 8).
+    min_q_len (padded layout only): sequences with fewer query rows get no items and their rows come
+    out zero (another kernel takes them); it also bounds the item count, so the padded copy of q stays
+    small (max_padded_items).
     """
+    if aligned and min_q_len > 1:
+        raise ValueError(f"min_q_len={min_q_len} needs the padded layout (aligned=False)")
     tile = cfg.tile
     s = kv_lens.shape[0]
     n = jnp.clip(num_seqs[0], 0, s)
     real = jnp.arange(s, dtype=jnp.int32) < n
     starts = cu_q_lens[:-1]
+    if min_q_len > 1:
+        real &= cu_q_lens[1:] - starts >= min_q_len
     q_lens = jnp.where(real, cu_q_lens[1:] - starts, 0)
     kvl = jnp.where(real, kv_lens, 0)
     q_row = out_row = row_valid = None
@@ -118,7 +133,7 @@ def work_items(kv_lens, cu_q_lens, num_seqs, *, num_tokens, cfg: MgpuConfig, ali
         n_items = cdiv(q_lens, tile)
         ends = jnp.cumsum(n_items)
         begins = ends - n_items
-        w = cdiv(num_tokens, tile) + s
+        w = max_padded_items(num_tokens, s, tile, min_q_len)
         widx = jnp.arange(w, dtype=jnp.int32)
         seq = jnp.minimum(jnp.sum(ends[None, :] <= widx[:, None], axis=1, dtype=jnp.int32), s - 1)
         valid = widx < ends[-1]
@@ -133,6 +148,7 @@ def work_items(kv_lens, cu_q_lens, num_seqs, *, num_tokens, cfg: MgpuConfig, ali
         rseq = jnp.sum(cu_q_lens[1:][None, :] <= rows[:, None], axis=1, dtype=jnp.int32)
         row_valid = (rseq < n) & (rows < cu_q_lens[n])
         rseq = jnp.minimum(rseq, s - 1)
+        row_valid &= real[rseq]
         out_row = jnp.where(row_valid, begins[rseq] * tile + rows - starts[rseq], 0)
     table = jnp.stack([seq, widx, kv, pos0]).astype(jnp.int32)
     if cfg.longest_first:

@@ -39,9 +39,11 @@ def build_work_items(
     block_q: int,
     select: str = "all",
     num_items: int | None = None,
+    max_q_len: int | None = None,
 ) -> WorkItems:
     """`select`: "all" rows; "decode" only sequences of one query row (no padding items: at most one
     item per sequence, so num_items = S + 1 is enough); "prefill" the others and the padding rows.
+    `max_q_len`: sequences of that many query rows or more are left out too (another kernel takes them).
     Rows of unselected sequences get no item: a program never writes them."""
     if select not in ("all", "decode", "prefill"):
         raise ValueError(f"select={select!r} must be 'all', 'decode' or 'prefill'")
@@ -56,6 +58,8 @@ def build_work_items(
         real &= q_lens == 1
     elif select == "prefill":
         real &= q_lens != 1
+    if max_q_len is not None:
+        real &= q_lens < max_q_len
     pad_len = (num_tokens - q_end)[None] if select != "decode" else jnp.zeros((1,), jnp.int32)
     lens = jnp.concatenate([jnp.where(real, q_lens, 0), pad_len])
     lens = jnp.maximum(lens, 0)  # [S + 1]

@@ -1,7 +1,9 @@
 """Paged attention for a model layer: write this step's K/V into the cache, then attend over it.
 
 `(q, k, v, kv_cache, metadata) -> (out, kv_cache)`. The backend is chosen statically: "reference" runs the
-plain-jnp ops of pallas_kernels (any platform; what the CPU uses), "pallas" runs the GPU kernels.
+plain-jnp ops of pallas_kernels (any platform; what the CPU uses), "pallas" runs the GPU kernels
+(Triton-lowered, any CUDA GPU), "pallas-hopper" the same but long prefill chunks on the Mosaic GPU kernel
+(sm_90 only; pallas_kernels/ragged_paged_attention_hopper.py).
 This is the only module of the model that calls into pallas_kernels.
 
 Under tensor parallelism (a "tp" mesh set by `jaxllm.parallel.mesh_context` while the step is traced) the
@@ -74,11 +76,13 @@ def paged_attention(
 
 def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap, sliding_window):
     k_pages, v_pages = kv_cache
-    if backend == "pallas":
+    if backend in ("pallas", "pallas-hopper"):
         from pallas_kernels import gpu_ops  # imported lazily: only GPU hosts need the kernels compiled
 
         k_pages, v_pages = gpu_ops.write_kv_cache(k, v, k_pages, v_pages, md.slot_mapping)
-        out = gpu_ops.ragged_paged_attention(
+        hopper = backend == "pallas-hopper"
+        op = gpu_ops.ragged_paged_attention_hopper if hopper else gpu_ops.ragged_paged_attention
+        out = op(
             q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs,
             sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window,
         )

@@ -1,0 +1,243 @@
+"""Where one engine step's time goes: the device kernels of a traced step, summed and sorted.
+
+    LLM(model, dummy weights) -> its ModelRunner -> a step's packed inputs (decode-only: b sequences at
+    context c; or mixed: b decodes plus p prefill chunks of n tokens) -> warm-up -> `jax.profiler` trace
+    of `reps` steps -> the trace's device events (per kernel name: calls, total time) -> per step:
+    wall time, busy time (sum of kernels), the idle share, and time by kind (matmul, attention,
+    KV write, XLA fusions, copies, other).
+
+    python benchmarks/step_profile.py --model llama-3.1-8b --decode 256x640 --decode 32x640 --mixed 200x640+4x512
+
+The busy time against the wall time says whether the step waits on launches (gaps between kernels) or
+on the kernels themselves; the kinds say which kernels. Only device (GPU) events are counted; on the CPU
+there are none and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import logging
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.decode_step import decode_inputs, randomize_kv
+from benchmarks.workload import make_result, save_result
+from jaxllm.config import ATTENTION_BACKENDS
+
+logger = logging.getLogger("jaxllm.benchmarks")
+
+# First match wins; names are the device kernels' names (cuBLAS/CUTLASS, Triton/Mosaic, XLA fusions).
+KINDS = (
+    ("matmul", re.compile(r"gemm|cutlass|cublas|nvjet|xmma|wgmma|matmul|dot", re.I)),
+    ("attention", re.compile(r"ragged|paged|attention|rpa|mgpu|flash", re.I)),
+    ("kv_write", re.compile(r"kv_cache|write_kv|scatter", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy", re.I)),
+    ("fusion", re.compile(r"fusion|loop_|input_|reduce|transpose|concatenate|convert", re.I)),
+)
+
+
+def kind_of(name: str) -> str:
+    for kind, pat in KINDS:
+        if pat.search(name):
+            return kind
+    return "other"
+
+
+def device_lines(trace: dict) -> dict[str, int]:
+    """{"process / thread": events} of the device's lines in a Chrome trace (what the counts rest on)."""
+    procs = {e["pid"]: e.get("args", {}).get("name", "") for e in trace.get("traceEvents", [])
+             if e.get("ph") == "M" and e.get("name") == "process_name"}  # fmt: skip
+    threads = {(e["pid"], e["tid"]): e.get("args", {}).get("name", "") for e in trace.get("traceEvents", [])
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
+    out: collections.Counter = collections.Counter()
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "X" and "/device:" in procs.get(e.get("pid"), ""):
+            out[f"{procs[e['pid']]} / {threads.get((e['pid'], e.get('tid')), '?')}"] += 1
+    return dict(out)
+
+
+def device_kernel_times(trace: dict) -> dict[str, tuple[int, float]]:
+    """{kernel name: (calls, total microseconds)} over the device's stream lines of a Chrome trace."""
+    procs, threads = {}, {}
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            procs[e["pid"]] = e.get("args", {}).get("name", "")
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e.get("args", {}).get("name", "")
+    gpu_pids = {pid for pid, name in procs.items() if "/device:GPU" in name}
+    out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
+            continue
+        tname = threads.get((e["pid"], e.get("tid")), "")
+        if not tname.lower().startswith("stream"):
+            continue  # the "XLA Ops" / "XLA Modules" lines repeat the same time under HLO names
+        rec = out[e["name"]]
+        rec[0] += 1
+        rec[1] += float(e.get("dur", 0.0))
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def load_trace(log_dir: Path) -> dict:
+    files = sorted(log_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return {}
+    with gzip.open(files[-1], "rb") as fp:
+        return json.load(fp)
+
+
+def mixed_inputs(runner, decodes: int, context: int, prefills: int, chunk: int):
+    """A step of `decodes` sequences decoding at `context` and `prefills` first chunks of `chunk` tokens."""
+    from jaxllm.runner.input_batch import empty_step_inputs
+
+    bs = runner.block_size
+    dpages, ppages = -(-context // bs), -(-chunk // bs)
+    s = decodes + prefills
+    t = decodes + prefills * chunk
+    width = max(dpages, ppages)
+    if 1 + decodes * dpages + prefills * ppages > runner.num_blocks:
+        raise ValueError(f"{decodes}x{context} + {prefills}x{chunk} needs more KV blocks than the cache has")
+    inputs = empty_step_inputs(runner.plan.shape_for(t, s, width))
+    nxt, row = 1, 0
+    for i in range(s):
+        dec = i < decodes
+        pages, q_len, kv_len = (dpages, 1, context) if dec else (ppages, chunk, chunk)
+        table = np.arange(nxt, nxt + pages)
+        nxt += pages
+        inputs.block_tables[i, :pages] = table
+        pos = np.arange(kv_len - q_len, kv_len)
+        inputs.input_ids[row : row + q_len] = (pos * 7919 + i) % 1000 + 1
+        inputs.positions[row : row + q_len] = pos
+        inputs.slot_mapping[row : row + q_len] = table[pos // bs] * bs + pos % bs
+        inputs.kv_lens[i] = kv_len
+        row += q_len
+        inputs.cu_q_lens[i + 1] = row
+        inputs.logits_indices[i] = row - 1
+    inputs.cu_q_lens[s + 1 :] = row
+    inputs.num_seqs[0] = s
+    inputs.num_tokens = t
+    return inputs
+
+
+def profile_step(runner, inputs, reps: int, trace_dir: Path | None) -> dict:
+    import jax
+
+    run = lambda: runner._run_model(inputs, all_logits=False)  # noqa: E731
+    jax.block_until_ready(run())  # compile
+    jax.block_until_ready(run())
+    walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run())
+        walls.append(time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory() as tmp:
+        log_dir = trace_dir or Path(tmp)
+        with jax.profiler.trace(str(log_dir)):
+            for _ in range(reps):
+                jax.block_until_ready(run())
+        trace = load_trace(Path(log_dir))
+        kernels, lines = device_kernel_times(trace), device_lines(trace)
+    wall_ms = statistics.median(walls) * 1e3
+    row: dict = {"wall_ms": wall_ms, "min_ms": min(walls) * 1e3, "trace_lines": lines}
+    if not kernels:
+        row["note"] = "no device kernel events in the trace (not a GPU?)"
+        return row
+    by_kind: dict[str, float] = collections.defaultdict(float)
+    for name, (_, us) in kernels.items():
+        by_kind[kind_of(name)] += us / reps / 1e3
+    busy = sum(by_kind.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]
+    row.update(
+        busy_ms=busy,
+        idle_share=max(0.0, 1.0 - busy / wall_ms),
+        by_kind_ms=dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+        top_kernels=[
+            {"name": n[:160], "kind": kind_of(n), "calls_per_step": c / reps, "ms_per_step": us / reps / 1e3}
+            for n, (c, us) in top
+        ],
+    )
+    return row
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    a, b = text.lower().split("x")
+    return int(a), int(b)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--decode", action="append", default=[], help="BATCHxCONTEXT, repeatable")
+    p.add_argument("--mixed", action="append", default=[], help="DECODESxCONTEXT+PREFILLSxCHUNK, repeatable")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    p.add_argument("--trace-dir", default=None, help="keep the raw traces here (one folder per case)")
+    p.add_argument("--output-json", default=None)
+    p.add_argument("--no-save", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    cases = [("decode", parse_shape(d), None) for d in args.decode or ["32x640"]]
+    for m in args.mixed:
+        d, pf = m.split("+")
+        cases.append(("mixed", parse_shape(d), parse_shape(pf)))
+    max_len = max(max(c[1][1], c[2][1] if c[2] else 0) for c in cases) + 16
+    max_seqs = max(c[1][0] + (c[2][0] if c[2] else 0) for c in cases)
+    max_tokens = max(c[1][0] + (c[2][0] * c[2][1] if c[2] else 0) for c in cases)
+
+    from jaxllm import LLM
+
+    llm = LLM(
+        model=args.model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        max_model_len=max_len,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=max(max_tokens, 16),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        compile_ahead=False,
+        attention_backend=args.attention_backend,
+    )
+    runner = llm.llm_engine.runner
+    randomize_kv(runner)
+    rows = []
+    for kind, (b, c), pf in cases:
+        inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)
+        label = f"{kind} {b}x{c}" + (f"+{pf[0]}x{pf[1]}" if pf else "")
+        tdir = Path(args.trace_dir) / label.replace(" ", "-").replace("+", "_") if args.trace_dir else None
+        row = {"case": label, **profile_step(runner, inputs, args.reps, tdir)}
+        rows.append(row)
+        kinds = ", ".join(f"{k} {v:.2f}" for k, v in row.get("by_kind_ms", {}).items())
+        logger.info(
+            "%s: wall %.2f ms, busy %s ms (%s)", label, row["wall_ms"], f"{row.get('busy_ms', 0):.2f}", kinds
+        )
+    result = make_result(
+        "step_profile",
+        f"{args.model}-step-profile-{llm.llm_engine.startup_info.get('attention_backend')}",
+        args.model,
+        vars(args),
+        {"steps": rows},
+        None,
+        startup=llm.llm_engine.startup_info,
+    )
+    if not args.no_save:
+        logger.info("saved %s", save_result(result, args.output_json))
+    return result
+
+
+if __name__ == "__main__":
+    main()

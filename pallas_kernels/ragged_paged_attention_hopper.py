@@ -1,0 +1,121 @@
+"""Ragged paged attention on Hopper: each row of the batch goes to the kernel that is fastest for it.
+
+Data flow of one call (one output buffer, written by up to three launches in turn):
+  1. Prefill chunks of at least `mosaic_min_q_len` query rows (one TILE, 128, by default) go to the
+     Mosaic GPU kernel (ragged_paged_attention_mgpu.py; wgmma, per-page TMA, warp-specialised: 461 /
+     543 TFLOP/s at 4 x 2048 / 1 x 8192 causal on the H200 against the Triton kernel's 214 / 252).
+     Every other row comes out zero. Only long chunks are taken because that kernel works on whole
+     128-row tiles of one sequence gathered into a padded copy of q: a short chunk would cost a whole
+     tile of gather and tensor work, and with at most T / 128 such chunks the padded copy stays within
+     2 T rows (rpa_mgpu_schedule.max_padded_items).
+  2. Decode rows (sequences of one query row) run through the Triton kernel's decode configuration,
+     written into that output in place (`input_output_aliases`).
+  3. Short chunks (2 .. mosaic_min_q_len - 1 rows) and the padding rows run through the Triton kernel's
+     prefill configuration, in place again.
+Steps 2 and 3 are the two launches of ragged_paged_attention_gpu's split_decode path, each told to
+leave the long chunks alone.
+
+Batches the Mosaic kernel does not cover fall back to ragged_paged_attention_gpu as a whole: decode-like
+batches (at most two rows per sequence: nothing to gain), a logit soft cap or sliding window, float32,
+page sizes below 8 or not dividing its 128-token KV blocks (64 at head_dim 256).
+
+Shapes (dimension letters as in pallas_kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
+[Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.ragged_paged_attention_gpu import (
+    decode_like,
+    launch_rows,
+    next_pow2,
+    ragged_paged_attention,
+    resolve_config,
+    validate_args,
+)
+from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_mgpu
+from pallas_kernels.rpa_mgpu_schedule import default_config as mgpu_default_config
+
+
+def mosaic_covers(t: int, s: int, dtype, page_size: int, head_dim: int, *, soft_cap, sliding_window) -> bool:
+    """Whether the Mosaic prefill kernel takes part for these static shapes and options."""
+    if soft_cap is not None or sliding_window is not None or decode_like(t, s):
+        return False
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return False
+    return page_size >= 8 and mgpu_default_config(head_dim).block_kv % page_size == 0
+
+
+def ragged_paged_attention_hopper(
+    q,  # [T, Hq, D]
+    k_pages,  # [Hkv, P, PS, D]
+    v_pages,  # [Hkv, P, PS, D]
+    kv_lens,  # i32[S]
+    block_tables,  # i32[S, B]
+    cu_q_lens,  # i32[S + 1]
+    num_seqs,  # i32[1]
+    *,
+    sm_scale: float,
+    soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    mosaic_min_q_len: int = 128,
+    interpret: bool = False,
+):
+    """Same contract and result as ref_ragged_paged_attention; long prefill chunks on the Mosaic GPU
+    kernel (sm_90), everything else on the Triton-lowered kernel (module docstring).
+
+    Compiled as one jitted computation on the GPU. In interpret mode the parts run one by one instead:
+    Mosaic GPU's interpreter runs the kernel's threads as host callbacks, which wait forever when the
+    XLA CPU computation calling them also holds the interpreted Triton launches."""
+    kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window)
+    args = (q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs)
+    if interpret:
+        return _hopper(*args, mosaic_min_q_len=mosaic_min_q_len, interpret=True, **kw)
+    return _hopper_jit(*args, mosaic_min_q_len=mosaic_min_q_len, interpret=False, **kw)
+
+
+def _hopper(
+    q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
+    *, sm_scale, soft_cap, sliding_window, mosaic_min_q_len, interpret,
+):  # fmt: skip
+    validate_args(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
+    if mosaic_min_q_len < 2:
+        raise ValueError(f"{mosaic_min_q_len=} must be >= 2 (decode rows stay on the Triton kernel)")
+    t, hq, d = q.shape
+    hkv, _, ps, _ = k_pages.shape
+    s, b = block_tables.shape
+    kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret)
+    if not mosaic_covers(t, s, q.dtype, ps, d, soft_cap=soft_cap, sliding_window=sliding_window):
+        return ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
+
+    long_rows = prefill_paged_attention_mgpu(
+        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
+        sm_scale=sm_scale, min_q_len=mosaic_min_q_len, interpret=interpret,
+    )  # fmt: skip
+    g = hq // hkv
+    gp = next_pow2(g)
+    pcfg = resolve_config(t, s, hq, hkv, d, ps, b, k_splits=1)
+    dcfg = resolve_config(s, s, hq, hkv, d, ps, b, k_splits=1)
+    # The Triton launches work on [Tp, Hkv, Gp, D]: the group padded to a power of two, and in
+    # interpret mode room past T for its clamped slices (as in ragged_paged_attention).
+    tp = t + max(pcfg["block_q"], dcfg["block_q"]) if interpret else t
+    pad = ((0, tp - t), (0, 0), (0, gp - g), (0, 0))
+    qg = jnp.pad(q.reshape(t, hkv, g, d), pad)
+    out = jnp.pad(long_rows.reshape(t, hkv, g, d), pad)
+    launch = functools.partial(
+        launch_rows, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
+        max_q_len=mosaic_min_q_len, **kw,
+    )  # fmt: skip
+    out = launch(dcfg, select="decode", num_items=s + 1, prior=out)
+    out = launch(pcfg, select="prefill", prior=out)
+    return out[:t, :, :g, :].reshape(t, hq, d)
+
+
+_hopper_jit = jax.jit(
+    _hopper, static_argnames=("sm_scale", "soft_cap", "sliding_window", "mosaic_min_q_len", "interpret")
+)

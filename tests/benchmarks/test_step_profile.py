@@ -1,0 +1,60 @@
+"""benchmarks/step_profile.py: the trace reduction (against a hand-built trace) and the mixed step's
+packed inputs (against hand-computed pages, positions and slots)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from benchmarks.step_profile import device_kernel_times, kind_of, mixed_inputs
+from jaxllm.runner.buckets import BucketPlan
+
+
+def _trace():
+    m = lambda pid, name, tid=None: {  # noqa: E731
+        "ph": "M", "pid": pid, "name": "thread_name" if tid is not None else "process_name",
+        **({"tid": tid} if tid is not None else {}), "args": {"name": name},
+    }  # fmt: skip
+    x = lambda pid, tid, name, dur: {"ph": "X", "pid": pid, "tid": tid, "name": name, "dur": dur}  # noqa: E731
+    return {
+        "traceEvents": [
+            m(1, "/host:CPU"),
+            m(1, "python", tid=5),
+            m(2, "/device:GPU:0"),
+            m(2, "Stream #13(Compute)", tid=7),
+            m(2, "XLA Ops", tid=8),
+            x(1, 5, "nvjet_gemm_host_side", 999.0),  # host line: not counted
+            x(2, 7, "nvjet_hsh_128x256_gemm", 10.0),
+            x(2, 7, "nvjet_hsh_128x256_gemm", 12.5),
+            x(2, 7, "ragged_paged_attention_decode", 4.0),
+            x(2, 7, "loop_multiply_fusion", 1.0),
+            x(2, 8, "dot.12", 22.5),  # the same time under its HLO name: not counted again
+        ]
+    }
+
+
+def test_device_kernel_times_counts_stream_kernels_only():
+    got = device_kernel_times(_trace())
+    assert got == {
+        "nvjet_hsh_128x256_gemm": (2, 22.5),
+        "ragged_paged_attention_decode": (1, 4.0),
+        "loop_multiply_fusion": (1, 1.0),
+    }
+    assert [kind_of(n) for n in got] == ["matmul", "attention", "fusion"]
+
+
+def test_mixed_inputs_pack_decodes_then_chunks():
+    plan = BucketPlan.build(64, 8, 8, bucket_pages=False)
+    runner = SimpleNamespace(block_size=16, num_blocks=10, plan=plan)
+    x = mixed_inputs(runner, decodes=2, context=20, prefills=1, chunk=5)
+    # Decode i owns pages 1+2i, 2+2i (20 tokens); the chunk owns page 5 (5 tokens).
+    assert x.num_tokens == 7 and int(x.num_seqs[0]) == 3
+    np.testing.assert_array_equal(x.block_tables[:3, :2], [[1, 2], [3, 4], [5, 0]])
+    np.testing.assert_array_equal(x.kv_lens[:3], [20, 20, 5])
+    np.testing.assert_array_equal(x.cu_q_lens[:4], [0, 1, 2, 7])
+    assert (x.cu_q_lens[4:] == 7).all()
+    np.testing.assert_array_equal(x.positions[:7], [19, 19, 0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(x.slot_mapping[:7], [2 * 16 + 3, 4 * 16 + 3, 80, 81, 82, 83, 84])
+    assert (x.slot_mapping[7:] == -1).all(), "padding rows write nothing"
+    np.testing.assert_array_equal(x.logits_indices[:3], [0, 1, 6])

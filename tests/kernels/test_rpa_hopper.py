@@ -1,0 +1,122 @@
+"""ragged_paged_attention_hopper (Mosaic prefill + Triton decode / short chunks) against
+ref_ragged_paged_attention, and the row routing between its kernels.
+
+On the CPU both kernels run in interpret mode; `--gpu` runs the same cases compiled on the GPU
+(`pytest -m "gpu or not gpu" --gpu tests/kernels/test_rpa_hopper.py`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
+from pallas_kernels.ragged_paged_attention_hopper import mosaic_covers, ragged_paged_attention_hopper
+from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_mgpu
+from pallas_kernels.rpa_mgpu_schedule import MgpuConfig, max_padded_items, work_items
+from tests.kernels.cases import make_problem, rel_err
+
+TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
+
+# (q_lens, kv_lens, dtype, page_size, (hq, hkv), d, mosaic_min_q_len, extra kwargs). Every batch mixes
+# decode rows, chunks shorter than mosaic_min_q_len and longer ones (two tiles and a ragged tail);
+# lengths 3, 20, 150, 513, 1023 do not line up with pages or tiles.
+CASES = [
+    ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], jnp.bfloat16, 16, (4, 2), 64, 128, {}),
+    ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], jnp.bfloat16, 16, (4, 2), 64, 16, {}),
+    ([20, 1, 131], [700, 64, 131], jnp.float16, 32, (4, 1), 128, 128, {}),
+    ([40, 1, 70], [40, 9, 500], jnp.bfloat16, 64, (2, 1), 256, 32, {}),
+    # Not covered by the Mosaic kernel: the whole batch on the Triton kernel.
+    ([1, 150, 1, 20], [1023, 300, 513, 20], jnp.bfloat16, 16, (4, 2), 64, 128, {"soft_cap": 20.0}),
+    ([1, 150, 3], [64, 200, 40], jnp.bfloat16, 16, (4, 2), 64, 128, {"sliding_window": 50}),
+    ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 2, {}),  # decode-like batch
+]
+
+
+def _id(c):
+    q_lens, kv_lens, dt, ps, (hq, hkv), d, m, kw = c
+    extra = "".join(f"-{k}{v}" for k, v in kw.items())
+    return f"q{'-'.join(map(str, q_lens))}-{jnp.dtype(dt).name}-ps{ps}-h{hq}x{hkv}-d{d}-min{m}{extra}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_matches_reference(case, interpret):
+    q_lens, kv_lens, dtype, ps, (hq, hkv), d, min_q_len, kw = case
+    prob = make_problem(q_lens, kv_lens, hq=hq, hkv=hkv, d=d, page_size=ps, dtype=dtype)
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=d**-0.5, **kw)
+    out = ragged_paged_attention_hopper(
+        *prob.args(), sm_scale=d**-0.5, mosaic_min_q_len=min_q_len, interpret=interpret, **kw
+    )
+    out = np.asarray(out, np.float32)
+    assert out.shape == prob.q.shape
+    assert np.isfinite(out).all(), "NaN/inf leaked into the output"
+    assert (out[prob.num_rows :] == 0).all(), "padding rows must be zero"
+    err = rel_err(out[: prob.num_rows], ref[: prob.num_rows])
+    assert err < TOL[dtype], f"relative error {err:.3g}"
+
+
+def test_mosaic_takes_exactly_the_long_chunks(interpret):
+    """With min_q_len the Mosaic kernel answers the long chunks and leaves every other row zero, so the
+    Triton launches that follow own the rest; a wrong routing shows up here as well as in the result."""
+    q_lens, kv_lens = [1, 150, 20, 1, 64], [300, 150, 220, 9, 64]
+    prob = make_problem(q_lens, kv_lens, hq=2, hkv=1, d=64, page_size=16, dtype=jnp.bfloat16)
+    out = np.asarray(
+        prefill_paged_attention_mgpu(*prob.args(), sm_scale=0.125, min_q_len=64, interpret=interpret), np.float32
+    )
+    ref = np.asarray(ref_ragged_paged_attention(*prob.args(), sm_scale=0.125), np.float32)
+    cu = np.concatenate([[0], np.cumsum(q_lens)])
+    for i, n in enumerate(q_lens):
+        rows = slice(cu[i], cu[i + 1])
+        if n >= 64:
+            assert rel_err(out[rows], ref[rows]) < TOL[jnp.bfloat16], f"sequence {i}"
+        else:
+            assert (out[rows] == 0).all(), f"sequence {i} ({n} rows) belongs to the Triton kernel"
+    assert (out[cu[-1] :] == 0).all()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_padded_items_fit_their_bound(seed):
+    """Random ragged batches: the items of the selected sequences never exceed max_padded_items, and every
+    selected row is listed exactly once."""
+    rng = np.random.default_rng(seed)
+    t, s, m = 1024, 64, 128
+    cfg = MgpuConfig()
+    q_lens = []
+    while sum(q_lens) < t - 300:
+        q_lens.append(int(rng.choice([1, 2, 50, 127, 128, 129, 300])))
+    q_lens = q_lens[:s]
+    n = len(q_lens)
+    cu = np.zeros(s + 1, np.int32)
+    cu[1 : n + 1] = np.cumsum(q_lens)
+    cu[n + 1 :] = cu[n]
+    kv = np.zeros(s, np.int32)
+    kv[:n] = np.asarray(q_lens) + 7
+    items = work_items(
+        jnp.asarray(kv), jnp.asarray(cu), jnp.asarray([n], jnp.int32),
+        num_tokens=t, cfg=cfg, aligned=False, min_q_len=m,
+    )  # fmt: skip
+    w = items.table.shape[1]
+    assert w == max_padded_items(t, s, cfg.tile, m) == -(-t // cfg.tile) + t // m
+    need = sum(-(-q // cfg.tile) for q in q_lens if q >= m)
+    assert int((np.asarray(items.table)[2] > 0).sum()) == need <= w
+    selected = np.zeros(t, bool)
+    for i, q in enumerate(q_lens):
+        selected[cu[i] : cu[i + 1]] = q >= m
+    np.testing.assert_array_equal(np.asarray(items.row_valid), selected)
+
+
+def test_coverage_rules():
+    kw = dict(soft_cap=None, sliding_window=None)
+    assert mosaic_covers(2048, 256, jnp.bfloat16, 16, 128, **kw)
+    assert not mosaic_covers(256, 256, jnp.bfloat16, 16, 128, **kw)  # decode-like
+    assert not mosaic_covers(2048, 256, jnp.float32, 16, 128, **kw)
+    assert not mosaic_covers(2048, 256, jnp.bfloat16, 4, 128, **kw)  # page below 8
+    assert not mosaic_covers(2048, 256, jnp.bfloat16, 128, 256, **kw)  # does not divide 64-token blocks
+    assert not mosaic_covers(2048, 256, jnp.bfloat16, 16, 128, soft_cap=30.0, sliding_window=None)
+
+
+def test_rejects_min_q_len_below_two():
+    prob = make_problem([1, 40], [5, 40], hq=2, hkv=1, d=64, page_size=16, dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="mosaic_min_q_len"):
+        ragged_paged_attention_hopper(*prob.args(), sm_scale=0.125, mosaic_min_q_len=1, interpret=True)
