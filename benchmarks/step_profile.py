@@ -90,6 +90,34 @@ def device_kernel_times(trace: dict) -> dict[str, tuple[int, float]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def device_spans(trace: dict, gap_us: float = 300.0) -> list[tuple[float, float]]:
+    """(span, busy) in microseconds of each burst of device kernels: kernels closer than `gap_us` belong
+    to one step. span - busy is the time the device sat between kernels inside a step (launch gaps);
+    the step's wall time beyond span is the host's (dispatch, copies in, the wait)."""
+    gpu_pids = {e["pid"] for e in trace.get("traceEvents", [])
+                if e.get("ph") == "M" and e.get("name") == "process_name"
+                and "/device:GPU" in e.get("args", {}).get("name", "")}  # fmt: skip
+    stream_tids = {(e["pid"], e["tid"]) for e in trace.get("traceEvents", [])
+                   if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu_pids
+                   and e.get("args", {}).get("name", "").lower().startswith("stream")}  # fmt: skip
+    evs = sorted(
+        (float(e["ts"]), float(e.get("dur", 0.0)))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in stream_tids
+    )
+    out, start, end, busy = [], None, None, 0.0
+    for ts, dur in evs:
+        if start is not None and ts - end > gap_us:
+            out.append((end - start, busy))
+            start = None
+        if start is None:
+            start, end, busy = ts, ts, 0.0
+        end, busy = max(end, ts + dur), busy + dur
+    if start is not None:
+        out.append((end - start, busy))
+    return out
+
+
 def load_trace(log_dir: Path) -> dict:
     files = sorted(log_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not files:
@@ -148,12 +176,16 @@ def profile_step(runner, inputs, reps: int, trace_dir: Path | None) -> dict:
             for _ in range(reps):
                 jax.block_until_ready(run())
         trace = load_trace(Path(log_dir))
-        kernels, lines = device_kernel_times(trace), device_lines(trace)
+        kernels, lines, spans = device_kernel_times(trace), device_lines(trace), device_spans(trace)
     wall_ms = statistics.median(walls) * 1e3
     row: dict = {"wall_ms": wall_ms, "min_ms": min(walls) * 1e3, "trace_lines": lines}
     if not kernels:
         row["note"] = "no device kernel events in the trace (not a GPU?)"
         return row
+    if spans:
+        row["device_span_ms"] = statistics.median(sp for sp, _ in spans) / 1e3
+        row["device_gaps_ms"] = statistics.median(sp - b for sp, b in spans) / 1e3
+        row["bursts"] = len(spans)
     by_kind: dict[str, float] = collections.defaultdict(float)
     for name, (_, us) in kernels.items():
         by_kind[kind_of(name)] += us / reps / 1e3
@@ -223,8 +255,10 @@ def main(argv=None) -> dict:
         rows.append(row)
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in row.get("by_kind_ms", {}).items())
         logger.info(
-            "%s: wall %.2f ms, busy %s ms (%s)", label, row["wall_ms"], f"{row.get('busy_ms', 0):.2f}", kinds
-        )
+            "%s: wall %.2f ms, device span %.2f ms (gaps %.2f), busy %.2f ms (%s)",
+            label, row["wall_ms"], row.get("device_span_ms", 0), row.get("device_gaps_ms", 0),
+            row.get("busy_ms", 0), kinds,
+        )  # fmt: skip
     result = make_result(
         "step_profile",
         f"{args.model}-step-profile-{llm.llm_engine.startup_info.get('attention_backend')}",

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.step_profile import device_kernel_times, kind_of, mixed_inputs
+from benchmarks.step_profile import device_kernel_times, device_spans, kind_of, mixed_inputs
 from jaxllm.runner.buckets import BucketPlan
 
 
@@ -42,6 +42,16 @@ def test_device_kernel_times_counts_stream_kernels_only():
         "loop_multiply_fusion": (1, 1.0),
     }
     assert [kind_of(n) for n in got] == ["matmul", "attention", "fusion"]
+
+
+def test_device_spans_split_steps_at_long_gaps():
+    trace = _trace()
+    # _trace's stream kernels carry no ts; place them as two steps: [0, 10) [12, 24.5) | [1000, 1004)
+    stamps = {10.0: 0.0, 12.5: 12.0, 4.0: 1000.0, 1.0: 1010.0}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X":
+            e["ts"] = stamps.get(e["dur"], 5.0)
+    assert device_spans(trace) == [(24.5, 22.5), (11.0, 5.0)]
 
 
 def test_mixed_inputs_pack_decodes_then_chunks():
