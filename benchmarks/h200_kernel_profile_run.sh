@@ -30,5 +30,5 @@ for b in ${PROFILE_BACKENDS-pallas pallas-hopper}; do
     --mixed 248x640+3x600 --mixed 0x640+4x512 --mixed 0x640+1x2048
 done
 if [ -n "${CMDBUF_FLAGS:-}" ]; then  # the same decode steps with other XLA command-buffer settings
-  XLA_FLAGS="$CMDBUF_FLAGS" profile pallas pallas-cmdbuf --decode 1x640 --decode 32x640 --decode 256x640
+  XLA_FLAGS="$CMDBUF_FLAGS" profile pallas pallas-cmdbuf --decode 1x640 --decode 256x640
 fi

@@ -7,16 +7,20 @@
 The model step is dispatched before the sampling metadata is built: JAX runs it asynchronously, so the
 host builds the sampler's inputs while the device runs the forward pass.
 
-Every (bucket, sampler variant) is compiled at startup by `compile_all` unless `enforce_eager`; the
-persistent compilation cache makes a restart cheap. Nothing compiles while serving (tests count it).
-Prompt logprobs use a separate all-rows logits variant, compiled on first use.
+Every (bucket, sampler variant) is compiled at startup by `compile_all` unless `enforce_eager`: all of
+them at once on a thread pool (XLA compiles, and loads from the persistent compilation cache, outside
+the GIL), kept as compiled executables that the step calls directly. The persistent cache makes a
+restart cheap. Nothing compiles while serving (tests count it). Prompt logprobs use a separate
+all-rows logits variant, compiled on first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +110,9 @@ class ModelRunner:
         self._zero_ids = None
         self._sample = jax.jit(self._sample_impl, static_argnames=("flags",))
         self._prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
+        # Executables compiled ahead by compile_all: (shape, all_logits) -> model step; (S, flags) -> sampler.
+        self._ahead_model: dict = {}
+        self._ahead_sample: dict = {}
 
     # ---- the jitted pieces ---------------------------------------------------------------------------
     def _model_step_impl(
@@ -163,9 +170,50 @@ class ModelRunner:
             self.swap = kvc.HostSwapSpace(self.geometry, num_cpu_blocks)
 
     # ---- compilation ---------------------------------------------------------------------------------
-    def compile_all(self) -> float:
-        """Run every bucket once on padding inputs (writes nothing: all slots are -1)."""
+    def compile_all(self, workers: int | None = None) -> float:
+        """Compile every bucket of the model step and every sampler variant, `workers` at a time.
+
+        Tracing holds the GIL, but XLA's compilation (or its load from the persistent cache) does not, so
+        the variants compile side by side. Under tensor parallelism (a sharded KV cache) the step's inputs
+        would need their shardings spelled out for an executable; there the variants instead run once each
+        through jit, one after another, on padding inputs (which write nothing: all slots are -1)."""
         t0 = time.perf_counter()
+        if self.kv_sharding is not None:
+            self._warm_sequentially()
+            return time.perf_counter() - t0
+        sds = jax.ShapeDtypeStruct
+        prev = sds((self.ids_width,), jnp.int32)
+        shapes = self.plan.all_shapes()
+        variants = SamplerFlags.all_variants(MAX_LOGPROBS)
+
+        def model(shape):
+            packed = sds((packed_size(*shape),), jnp.int32)
+            lowered = self._model_step.lower(
+                self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False
+            )
+            return lowered.compile()
+
+        def sampler(logits, s, flags):
+            smd = build_sampling_metadata([], s, self.vocab_size, history_width=self.history_width, flags=flags)
+            smd = jax.tree.map(lambda x: sds(np.shape(x), np.asarray(x).dtype), smd)
+            return self._sample.lower(logits, smd, flags=flags).compile()
+
+        workers = workers or min(32, os.cpu_count() or 4)
+        with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
+            models = {shape: pool.submit(model, shape) for shape in shapes}
+            samplers = {}
+            for shape in shapes:
+                logits_info = models[shape].result().out_info[0]
+                logits = sds(logits_info.shape, logits_info.dtype)
+                s = shape[1]
+                for flags in variants:
+                    if (s, flags) not in samplers:
+                        samplers[(s, flags)] = pool.submit(sampler, logits, s, flags)
+            self._ahead_model = {(shape, False): f.result() for shape, f in models.items()}
+            self._ahead_sample = {key: f.result() for key, f in samplers.items()}
+        return time.perf_counter() - t0
+
+    def _warm_sequentially(self) -> None:
         for t, s, b in self.plan.all_shapes():
             inputs = empty_step_inputs((t, s, b))
             logits = self._run_model(inputs, all_logits=False)
@@ -173,9 +221,8 @@ class ModelRunner:
                 smd = build_sampling_metadata(
                     [], s, self.vocab_size, history_width=self.history_width, flags=flags
                 )
-                out = self._sample(logits, jax.device_put(smd), flags=flags)
+                out = self._sample_step(logits, jax.device_put(smd), flags)
         jax.block_until_ready(out)
-        return time.perf_counter() - t0
 
     # ---- one step ------------------------------------------------------------------------------------
     def _run_model(self, inputs: StepInputs, *, all_logits: bool, prev_ids=None):
@@ -183,15 +230,17 @@ class ModelRunner:
             if self._zero_ids is None:
                 self._zero_ids = jnp.zeros((self.ids_width,), jnp.int32)
             prev_ids = self._zero_ids
-        logits, self.kv_caches = self._model_step(
-            self.params,
-            self.kv_caches,
-            jax.device_put(inputs.packed),
-            prev_ids,
-            shape=inputs.shape,
-            all_logits=all_logits,
-        )
+        args = (self.params, self.kv_caches, jax.device_put(inputs.packed), prev_ids)
+        ahead = self._ahead_model.get((inputs.shape, all_logits))
+        if ahead is not None:
+            logits, self.kv_caches = ahead(*args)
+        else:
+            logits, self.kv_caches = self._model_step(*args, shape=inputs.shape, all_logits=all_logits)
         return logits
+
+    def _sample_step(self, logits, smd, flags: SamplerFlags):
+        ahead = self._ahead_sample.get((logits.shape[0], flags))
+        return ahead(logits, smd) if ahead is not None else self._sample(logits, smd, flags=flags)
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.collect(self.dispatch(sched))
@@ -232,7 +281,7 @@ class ModelRunner:
         smd = build_sampling_metadata(
             rows, s, self.vocab_size, history_width=self.history_width, flags=flags, pending=pending
         )
-        sampled, ids = self._sample(logits, jax.device_put(smd), flags=flags)
+        sampled, ids = self._sample_step(logits, jax.device_put(smd), flags)
         rows_of = {sr.request.request_id: i for i, sr in enumerate(sched.scheduled) if sr.samples}
         return InFlightStep(sched, out, sampled, ids, rows_of)
 
@@ -296,7 +345,8 @@ class ModelRunner:
         return row
 
     def num_compiled(self) -> int:
-        return sum(f._cache_size() for f in (self._model_step, self._sample, self._prompt_logprobs))
+        jitted = sum(f._cache_size() for f in (self._model_step, self._sample, self._prompt_logprobs))
+        return jitted + len(self._ahead_model) + len(self._ahead_sample)
 
 
 def _wants_prompt_logprobs(sr: ScheduledRequest) -> bool:
