@@ -194,11 +194,25 @@ class ModelRunner:
             return lowered.compile()
 
         def sampler(logits, s, flags):
-            smd = build_sampling_metadata([], s, self.vocab_size, history_width=self.history_width, flags=flags)
+            smd = build_sampling_metadata(
+                [], s, self.vocab_size, history_width=self.history_width, flags=flags
+            )
             smd = jax.tree.map(lambda x: sds(np.shape(x), np.asarray(x).dtype), smd)
             return self._sample.lower(logits, smd, flags=flags).compile()
 
         workers = workers or min(32, os.cpu_count() or 4)
+        try:
+            self._compile_ahead_parallel(shapes, variants, model, sampler, workers)
+        except Exception:  # a variant that truly fails to compile fails again in the warm-up, loudly
+            logger.warning(
+                "parallel ahead-of-time compilation failed; warming up one variant at a time", exc_info=True
+            )
+            self._ahead_model, self._ahead_sample = {}, {}
+            self._warm_sequentially()
+        return time.perf_counter() - t0
+
+    def _compile_ahead_parallel(self, shapes, variants, model, sampler, workers: int) -> None:
+        sds = jax.ShapeDtypeStruct
         with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
             models = {shape: pool.submit(model, shape) for shape in shapes}
             samplers = {}
@@ -211,7 +225,6 @@ class ModelRunner:
                         samplers[(s, flags)] = pool.submit(sampler, logits, s, flags)
             self._ahead_model = {(shape, False): f.result() for shape, f in models.items()}
             self._ahead_sample = {key: f.result() for key, f in samplers.items()}
-        return time.perf_counter() - t0
 
     def _warm_sequentially(self) -> None:
         for t, s, b in self.plan.all_shapes():
