@@ -3,7 +3,8 @@
 # the default grid plus the GPU-only tests), the engine check of both Pallas backends against the
 # reference, and profiles of decode, mixed and prefill steps at the Llama-3.1-8B shape
 # (benchmarks/step_profile.py) under each backend in PROFILE_BACKENDS. Results go under $OUT.
-#   SKIP_KERNEL_TESTS=1 / SKIP_ENGINE_CHECK=1 leave a part out; PROFILE_BACKENDS="" skips the profiles.
+#   SKIP_KERNEL_TESTS=1 / SKIP_ENGINE_CHECK=1 leave a part out; PROFILE_BACKENDS="" skips the profiles;
+#   PROFILE_CASES replaces the cases; CMDBUF_FLAGS (XLA_FLAGS) adds decode steps under those flags.
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 JAXLLM_CACHE_DIR=/tmp/jaxllm-xla
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -25,9 +26,10 @@ profile() {  # backend, name, then step_profile's case flags
   grep -v "Warning\|warn" "$OUT/profile-$name.log" | grep "wall\|Error" | tail -8
   echo "profile $name done after ${SECONDS}s"
 }
+CASES="${PROFILE_CASES:---decode 1x640 --decode 32x640 --decode 256x640 --mixed 248x640+3x600 --mixed 0x640+4x512 --mixed 0x640+1x2048}"
 for b in ${PROFILE_BACKENDS-pallas pallas-hopper}; do
-  profile "$b" "$b" --decode 1x640 --decode 32x640 --decode 256x640 \
-    --mixed 248x640+3x600 --mixed 0x640+4x512 --mixed 0x640+1x2048
+  # shellcheck disable=SC2086
+  profile "$b" "$b" $CASES
 done
 if [ -n "${CMDBUF_FLAGS:-}" ]; then  # the same decode steps with other XLA command-buffer settings
   XLA_FLAGS="$CMDBUF_FLAGS" profile pallas pallas-cmdbuf --decode 1x640 --decode 256x640
