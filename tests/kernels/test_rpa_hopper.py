@@ -56,6 +56,20 @@ def test_matches_reference(case, interpret):
     assert err < TOL[dtype], f"relative error {err:.3g}"
 
 
+@pytest.mark.gpu
+def test_llama_shapes_on_gpu(on_gpu):
+    """Llama-3.1-8B heads (32 q / 8 kv, d 128), page 16, bf16: decodes, a short chunk and two long ones
+    (one of them a continuation over earlier context), as an engine step mixes them."""
+    if not on_gpu:
+        pytest.skip("needs --gpu")
+    q_lens, kv_lens = [1, 1, 512, 1, 300, 40], [700, 2000, 512, 65, 1000, 40]
+    prob = make_problem(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16, dtype=jnp.bfloat16)
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=128**-0.5)
+    out = np.asarray(ragged_paged_attention_hopper(*prob.args(), sm_scale=128**-0.5), np.float32)
+    assert np.isfinite(out).all() and (out[prob.num_rows :] == 0).all()
+    assert rel_err(out[: prob.num_rows], ref[: prob.num_rows]) < TOL[jnp.bfloat16]
+
+
 def test_mosaic_takes_exactly_the_long_chunks(interpret):
     """With min_q_len the Mosaic kernel answers the long chunks and leaves every other row zero, so the
     Triton launches that follow own the rest; a wrong routing shows up here as well as in the result."""
