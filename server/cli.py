@@ -75,7 +75,13 @@ def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
-    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    p.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=ATTENTION_BACKENDS,
+        help="auto: pallas on a GPU, reference elsewhere; pallas-hopper: long prefill chunks on the Mosaic "
+        "GPU kernel (H100/H200)",
+    )
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
     p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES)
     p.add_argument("--compilation-cache-dir", default=None)
