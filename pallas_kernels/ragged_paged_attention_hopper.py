@@ -19,6 +19,12 @@ Batches the Mosaic kernel does not cover fall back to ragged_paged_attention_gpu
 batches (at most two rows per sequence: nothing to gain), a logit soft cap or sliding window, float32,
 page sizes below 8 or not dividing its 128-token KV blocks (64 at head_dim 256).
 
+Measured on the H200 (2026-12-03, Llama-3.1-8B shape, offline 1000 x 512 -> 256 with 2048-token steps):
+8,777 output tok/s against 8,804 for the Triton kernel alone, the same within noise. In those steps the
+prefill attention is 4 ms of 50 (the matmuls take 39 ms at the card's matmul rate), and 512-token
+chunks are where the Mosaic kernel's lead is smallest. So the engine's "auto" stays on the Triton
+kernel; this path is for long prompts, where prefill attention grows with the square of the length.
+
 Shapes (dimension letters as in pallas_kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
 [Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
 """
