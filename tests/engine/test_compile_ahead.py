@@ -1,0 +1,65 @@
+"""compile_all: every step and sampler variant compiled ahead, side by side, and called as executables.
+Greedy outputs match the jit path token for token; a failed parallel compile falls back to warming up
+one variant at a time through jit, with a warning, and the outputs still match."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from jaxllm import LLM, SamplingParams
+from jaxllm.runner.model_runner import MAX_LOGPROBS, ModelRunner
+from jaxllm.runner.sampler import SamplerFlags
+
+
+def _llm(folder, cache, compile_ahead):
+    return LLM(
+        folder,
+        dtype="float32",
+        max_model_len=256,
+        compilation_cache_dir=cache,
+        compile_ahead=compile_ahead,
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+    )
+
+
+def _greedy(llm):
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 300, int(n)).tolist() for n in (5, 70, 17, 33)]
+    p = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+    outs = llm.generate(None, p, prompt_token_ids=prompts, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def jit_tokens(tiny_llama_dir, jax_cache_dir):
+    return _greedy(_llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False))
+
+
+def test_every_variant_is_an_executable_and_outputs_match(tiny_llama_dir, jax_cache_dir, jit_tokens):
+    llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
+    runner = llm.llm_engine.runner
+    shapes = runner.plan.all_shapes()
+    assert set(runner._ahead_model) == {(shape, False) for shape in shapes}
+    variants = SamplerFlags.all_variants(MAX_LOGPROBS)
+    assert set(runner._ahead_sample) == {(s, f) for _, s, _ in shapes for f in variants}
+    assert _greedy(llm) == jit_tokens
+    # Every step ran an executable compiled ahead: jit never traced the model step.
+    assert runner._model_step._cache_size() == 0
+
+
+def test_failed_parallel_compile_falls_back(tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch, caplog):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("simulated compiler failure")
+
+    monkeypatch.setattr(ModelRunner, "_compile_ahead_parallel", broken)
+    with caplog.at_level(logging.WARNING, logger="jaxllm"):
+        llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
+    assert "parallel ahead-of-time compilation failed" in caplog.text
+    runner = llm.llm_engine.runner
+    assert runner._ahead_model == {} and runner._ahead_sample == {}
+    assert runner._model_step._cache_size() == len(runner.plan.all_shapes())
+    assert _greedy(llm) == jit_tokens
