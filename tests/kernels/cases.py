@@ -96,3 +96,14 @@ def rel_err(out, ref) -> float:
     out = np.asarray(out, np.float32)
     ref = np.asarray(ref, np.float32)
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def assert_matches_reference(out, ref, prob: Problem, tol: float) -> None:
+    """A kernel's output against the reference: same shape, finite, padding rows zero, and the real rows
+    within `tol` relative error."""
+    out = np.asarray(out, np.float32)
+    assert out.shape == prob.q.shape
+    assert np.isfinite(out).all(), "NaN/inf leaked into the output"
+    assert (out[prob.num_rows :] == 0).all(), "padding rows must be zero"
+    err = rel_err(out[: prob.num_rows], ref[: prob.num_rows])
+    assert err < tol, f"relative error {err:.3g}"

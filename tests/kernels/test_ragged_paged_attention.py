@@ -14,7 +14,7 @@ import pytest
 
 from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
 from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention
-from tests.kernels.cases import MODES, make_problem, rel_err
+from tests.kernels.cases import MODES, assert_matches_reference, make_problem, rel_err
 
 TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
 
@@ -71,12 +71,7 @@ def _check(mode, dtype, page_size, heads, d, kw, interpret, seed=0):
     ref_kw = {k: kw[k] for k in ("soft_cap", "sliding_window") if k in kw}
     ref = ref_ragged_paged_attention(*prob.args(), sm_scale=sm_scale, **ref_kw)
     out = ragged_paged_attention(*prob.args(), sm_scale=sm_scale, interpret=interpret, **kw)
-    out = np.asarray(out, np.float32)
-    assert out.shape == prob.q.shape
-    assert np.isfinite(out).all(), "NaN/inf leaked into the output"
-    assert (out[prob.num_rows :] == 0).all(), "padding rows must be zero"
-    err = rel_err(out[: prob.num_rows], ref[: prob.num_rows])
-    assert err < TOL[dtype], f"relative error {err:.3g}"
+    assert_matches_reference(out, ref, prob, TOL[dtype])
 
 
 def _id(c):
