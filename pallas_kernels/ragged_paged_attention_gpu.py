@@ -203,7 +203,7 @@ def _rpa_kernel(
         plgpu.store(l_ref.at[pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=tok_valid[:, None])
 
 
-def next_pow2(x: int) -> int:
+def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
@@ -214,14 +214,14 @@ def decode_like(t: int, s: int) -> bool:
 
 def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b: int) -> dict:
     """Static tuning from shapes alone: decode-like steps (few rows per sequence) vs prefill chunks."""
-    gp = next_pow2(hq // hkv)
+    gp = _next_pow2(hq // hkv)
     if decode_like(t, s):
         block_q = max(1, 16 // gp)
         pages_per_block = max(1, 128 // page_size) if d <= 128 else max(1, 64 // page_size)
         programs = hkv * s
         k_splits = 1
         if programs < 264:
-            k_splits = next_pow2(-(-264 // programs))
+            k_splits = _next_pow2(-(-264 // programs))
         # Measured on the H200 (benchmarks/results/2026-12-02-h200-kernel-sweep.json, d 128, page 16, bf16,
         # per layer): one masked loop beats the split interior loop everywhere in decode (Triton keeps V
         # of the unmasked loop in registers instead of staging it). Without splits (b >= 33 here), 32-token
@@ -267,7 +267,7 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
     cfg.update({k: v for k, v in knobs.items() if v is not None})
     cfg["prefetch_pages"] = bool(cfg["prefetch_pages"])
     cfg["split_decode"] = bool(cfg["split_decode"])
-    gp = next_pow2(hq // hkv)
+    gp = _next_pow2(hq // hkv)
     if cfg["loop_layout"] not in LOOP_LAYOUTS:
         raise ValueError(f"loop_layout={cfg['loop_layout']!r} must be one of {LOOP_LAYOUTS}")
     for name in ("block_q", "pages_per_block"):
@@ -332,8 +332,6 @@ def ragged_paged_attention(
     t, hq, d = q.shape
     hkv, _, ps, _ = k_pages.shape
     s, b = block_tables.shape
-    g = hq // hkv
-    gp = next_pow2(g)
     cfg = resolve_config(
         t, s, hq, hkv, d, ps, b,
         block_q=block_q, pages_per_block=pages_per_block, k_splits=k_splits, num_warps=num_warps,
@@ -347,13 +345,9 @@ def ragged_paged_attention(
     if cfg["split_decode"] and cfg["k_splits"] == 1 and not decode_like(t, s):
         dcfg = resolve_config(s, s, hq, hkv, d, ps, b, k_splits=1)
 
-    qg = q.reshape(t, hkv, g, d)
-    if gp != g:
-        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
     # Interpret mode clamps out-of-range dynamic slices instead of masking them: give it room.
-    tp = t + max(cfg["block_q"], dcfg["block_q"] if dcfg else 1) if interpret else t
-    if tp != t:
-        qg = jnp.pad(qg, ((0, tp - t), (0, 0), (0, 0), (0, 0)))
+    extra_rows = max(cfg["block_q"], dcfg["block_q"] if dcfg else 1) if interpret else 0
+    qg = to_launch_layout(q, hkv, extra_rows)
     launch = functools.partial(
         launch_rows, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
         sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret,
@@ -363,7 +357,25 @@ def ragged_paged_attention(
     else:
         out = launch(dcfg, select="decode", num_items=s + 1)
         out = launch(cfg, select="prefill", prior=out)
-    return out[:t, :, :g, :].reshape(t, hq, d)
+    return from_launch_layout(out, t, hq)
+
+
+def to_launch_layout(x, hkv: int, extra_rows: int = 0):
+    """[T, Hq, D] -> [T + extra_rows, Hkv, Gp, D], the layout launch_rows works on: each KV head's query
+    group padded with zeros to a power of two, and `extra_rows` zero rows after the last."""
+    t, hq, d = x.shape
+    g = hq // hkv
+    gp = _next_pow2(g)
+    xg = x.reshape(t, hkv, g, d)
+    if gp != g or extra_rows:
+        xg = jnp.pad(xg, ((0, extra_rows), (0, 0), (0, gp - g), (0, 0)))
+    return xg
+
+
+def from_launch_layout(out, t: int, hq: int):
+    """The inverse of to_launch_layout: [Tp, Hkv, Gp, D] -> [T, Hq, D]."""
+    _, hkv, _, d = out.shape
+    return out[:t, :, : hq // hkv, :].reshape(t, hq, d)
 
 
 def launch_rows(

@@ -38,10 +38,11 @@ import jax.numpy as jnp
 
 from pallas_kernels.ragged_paged_attention_gpu import (
     decode_like,
+    from_launch_layout,
     launch_rows,
-    next_pow2,
     ragged_paged_attention,
     resolve_config,
+    to_launch_layout,
     validate_args,
 )
 from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_mgpu
@@ -103,23 +104,20 @@ def _hopper(
         q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
         sm_scale=sm_scale, min_q_len=mosaic_min_q_len, interpret=interpret,
     )  # fmt: skip
-    g = hq // hkv
-    gp = next_pow2(g)
     pcfg = resolve_config(t, s, hq, hkv, d, ps, b, k_splits=1)
     dcfg = resolve_config(s, s, hq, hkv, d, ps, b, k_splits=1)
-    # The Triton launches work on [Tp, Hkv, Gp, D]: the group padded to a power of two, and in
-    # interpret mode room past T for its clamped slices (as in ragged_paged_attention).
-    tp = t + max(pcfg["block_q"], dcfg["block_q"]) if interpret else t
-    pad = ((0, tp - t), (0, 0), (0, gp - g), (0, 0))
-    qg = jnp.pad(q.reshape(t, hkv, g, d), pad)
-    out = jnp.pad(long_rows.reshape(t, hkv, g, d), pad)
+    # The Triton launches work in launch layout; in interpret mode with room past T for its clamped
+    # slices (as in ragged_paged_attention).
+    extra_rows = max(pcfg["block_q"], dcfg["block_q"]) if interpret else 0
+    qg = to_launch_layout(q, hkv, extra_rows)
+    out = to_launch_layout(long_rows, hkv, extra_rows)
     launch = functools.partial(
         launch_rows, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
         max_q_len=mosaic_min_q_len, **kw,
     )  # fmt: skip
     out = launch(dcfg, select="decode", num_items=s + 1, prior=out)
     out = launch(pcfg, select="prefill", prior=out)
-    return out[:t, :, :g, :].reshape(t, hq, d)
+    return from_launch_layout(out, t, hq)
 
 
 _hopper_jit = jax.jit(
