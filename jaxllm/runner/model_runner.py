@@ -110,7 +110,8 @@ class ModelRunner:
         self._zero_ids = None
         self._sample = jax.jit(self._sample_impl, static_argnames=("flags",))
         self._prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
-        # Executables compiled ahead by compile_all: (shape, all_logits) -> model step; (S, flags) -> sampler.
+        # Executables compiled ahead by compile_all: bucket shape -> model step (the logits of the sampled
+        # rows only); (S, flags) -> sampler.
         self._ahead_model: dict = {}
         self._ahead_sample: dict = {}
 
@@ -181,28 +182,8 @@ class ModelRunner:
         if self.kv_sharding is not None:
             self._warm_sequentially()
             return time.perf_counter() - t0
-        sds = jax.ShapeDtypeStruct
-        prev = sds((self.ids_width,), jnp.int32)
-        shapes = self.plan.all_shapes()
-        variants = SamplerFlags.all_variants(MAX_LOGPROBS)
-
-        def model(shape):
-            packed = sds((packed_size(*shape),), jnp.int32)
-            lowered = self._model_step.lower(
-                self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False
-            )
-            return lowered.compile()
-
-        def sampler(logits, s, flags):
-            smd = build_sampling_metadata(
-                [], s, self.vocab_size, history_width=self.history_width, flags=flags
-            )
-            smd = jax.tree.map(lambda x: sds(np.shape(x), np.asarray(x).dtype), smd)
-            return self._sample.lower(logits, smd, flags=flags).compile()
-
-        workers = workers or min(32, os.cpu_count() or 4)
         try:
-            self._compile_ahead_parallel(shapes, variants, model, sampler, workers)
+            self._compile_ahead_parallel(workers or min(32, os.cpu_count() or 4))
         except Exception:  # a variant that truly fails to compile fails again in the warm-up, loudly
             logger.warning(
                 "parallel ahead-of-time compilation failed; warming up one variant at a time", exc_info=True
@@ -211,31 +192,46 @@ class ModelRunner:
             self._warm_sequentially()
         return time.perf_counter() - t0
 
-    def _compile_ahead_parallel(self, shapes, variants, model, sampler, workers: int) -> None:
+    def _compile_ahead_parallel(self, workers: int) -> None:
         sds = jax.ShapeDtypeStruct
+        prev = sds((self.ids_width,), jnp.int32)
+
+        def model(shape):
+            packed = sds((packed_size(*shape),), jnp.int32)
+            return self._model_step.lower(
+                self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False
+            ).compile()
+
+        def sampler(logits, flags):
+            smd = jax.tree.map(
+                lambda x: sds(x.shape, x.dtype), self._empty_sampling_metadata(logits.shape[0], flags)
+            )
+            return self._sample.lower(logits, smd, flags=flags).compile()
+
         with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
-            models = {shape: pool.submit(model, shape) for shape in shapes}
+            models = {shape: pool.submit(model, shape) for shape in self.plan.all_shapes()}
             samplers = {}
-            for shape in shapes:
-                logits_info = models[shape].result().out_info[0]
-                logits = sds(logits_info.shape, logits_info.dtype)
-                s = shape[1]
-                for flags in variants:
-                    if (s, flags) not in samplers:
-                        samplers[(s, flags)] = pool.submit(sampler, logits, s, flags)
-            self._ahead_model = {(shape, False): f.result() for shape, f in models.items()}
+            for shape, fut in models.items():
+                info = fut.result().out_info[0]  # the logits the sampler of this bucket takes
+                for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
+                    if (shape[1], flags) not in samplers:
+                        logits = sds(info.shape, info.dtype)
+                        samplers[(shape[1], flags)] = pool.submit(sampler, logits, flags)
+            self._ahead_model = {shape: f.result() for shape, f in models.items()}
             self._ahead_sample = {key: f.result() for key, f in samplers.items()}
 
     def _warm_sequentially(self) -> None:
         for t, s, b in self.plan.all_shapes():
-            inputs = empty_step_inputs((t, s, b))
-            logits = self._run_model(inputs, all_logits=False)
+            logits = self._run_model(empty_step_inputs((t, s, b)), all_logits=False)
             for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
-                smd = build_sampling_metadata(
-                    [], s, self.vocab_size, history_width=self.history_width, flags=flags
+                out = self._sample_step(
+                    logits, jax.device_put(self._empty_sampling_metadata(s, flags)), flags
                 )
-                out = self._sample_step(logits, jax.device_put(smd), flags)
         jax.block_until_ready(out)
+
+    def _empty_sampling_metadata(self, s: int, flags: SamplerFlags):
+        """Sampler inputs of a bucket with no rows: what compiling a sampler variant ahead needs."""
+        return build_sampling_metadata([], s, self.vocab_size, history_width=self.history_width, flags=flags)
 
     # ---- one step ------------------------------------------------------------------------------------
     def _run_model(self, inputs: StepInputs, *, all_logits: bool, prev_ids=None):
@@ -244,7 +240,7 @@ class ModelRunner:
                 self._zero_ids = jnp.zeros((self.ids_width,), jnp.int32)
             prev_ids = self._zero_ids
         args = (self.params, self.kv_caches, jax.device_put(inputs.packed), prev_ids)
-        ahead = self._ahead_model.get((inputs.shape, all_logits))
+        ahead = None if all_logits else self._ahead_model.get(inputs.shape)
         if ahead is not None:
             logits, self.kv_caches = ahead(*args)
         else:
