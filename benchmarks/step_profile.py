@@ -55,12 +55,31 @@ def kind_of(name: str) -> str:
     return "other"
 
 
+def _line_names(trace: dict) -> tuple[dict, dict]:
+    """({pid: process name}, {(pid, tid): thread name}) from a Chrome trace's metadata events."""
+    procs, threads = {}, {}
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            procs[e["pid"]] = e.get("args", {}).get("name", "")
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e.get("args", {}).get("name", "")
+    return procs, threads
+
+
+def _stream_kernels(trace: dict):
+    """The X events of the GPU's stream lines: its kernels and copies. The "XLA Ops" / "XLA Modules" lines
+    repeat the same time under HLO names and are left out."""
+    procs, threads = _line_names(trace)
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or "/device:GPU" not in procs.get(e.get("pid"), ""):
+            continue
+        if threads.get((e["pid"], e.get("tid")), "").lower().startswith("stream"):
+            yield e
+
+
 def device_lines(trace: dict) -> dict[str, int]:
     """{"process / thread": events} of the device's lines in a Chrome trace (what the counts rest on)."""
-    procs = {e["pid"]: e.get("args", {}).get("name", "") for e in trace.get("traceEvents", [])
-             if e.get("ph") == "M" and e.get("name") == "process_name"}  # fmt: skip
-    threads = {(e["pid"], e["tid"]): e.get("args", {}).get("name", "") for e in trace.get("traceEvents", [])
-               if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
+    procs, threads = _line_names(trace)
     out: collections.Counter = collections.Counter()
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and "/device:" in procs.get(e.get("pid"), ""):
@@ -70,20 +89,8 @@ def device_lines(trace: dict) -> dict[str, int]:
 
 def device_kernel_times(trace: dict) -> dict[str, tuple[int, float]]:
     """{kernel name: (calls, total microseconds)} over the device's stream lines of a Chrome trace."""
-    procs, threads = {}, {}
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            procs[e["pid"]] = e.get("args", {}).get("name", "")
-        elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[(e["pid"], e["tid"])] = e.get("args", {}).get("name", "")
-    gpu_pids = {pid for pid, name in procs.items() if "/device:GPU" in name}
     out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
-            continue
-        tname = threads.get((e["pid"], e.get("tid")), "")
-        if not tname.lower().startswith("stream"):
-            continue  # the "XLA Ops" / "XLA Modules" lines repeat the same time under HLO names
+    for e in _stream_kernels(trace):
         rec = out[e["name"]]
         rec[0] += 1
         rec[1] += float(e.get("dur", 0.0))
@@ -94,17 +101,7 @@ def device_spans(trace: dict, gap_us: float = 300.0) -> list[tuple[float, float]
     """(span, busy) in microseconds of each burst of device kernels: kernels closer than `gap_us` belong
     to one step. span - busy is the time the device sat between kernels inside a step (launch gaps);
     the step's wall time beyond span is the host's (dispatch, copies in, the wait)."""
-    gpu_pids = {e["pid"] for e in trace.get("traceEvents", [])
-                if e.get("ph") == "M" and e.get("name") == "process_name"
-                and "/device:GPU" in e.get("args", {}).get("name", "")}  # fmt: skip
-    stream_tids = {(e["pid"], e["tid"]) for e in trace.get("traceEvents", [])
-                   if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu_pids
-                   and e.get("args", {}).get("name", "").lower().startswith("stream")}  # fmt: skip
-    evs = sorted(
-        (float(e["ts"]), float(e.get("dur", 0.0)))
-        for e in trace.get("traceEvents", [])
-        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in stream_tids
-    )
+    evs = sorted((float(e["ts"]), float(e.get("dur", 0.0))) for e in _stream_kernels(trace))
     out, start, end, busy = [], None, None, 0.0
     for ts, dur in evs:
         if start is not None and ts - end > gap_us:
