@@ -4,7 +4,8 @@
 # reference, and profiles of decode, mixed and prefill steps at the Llama-3.1-8B shape
 # (benchmarks/step_profile.py) under each backend in PROFILE_BACKENDS. Results go under $OUT.
 #   SKIP_KERNEL_TESTS=1 / SKIP_ENGINE_CHECK=1 leave a part out; PROFILE_BACKENDS="" skips the profiles;
-#   PROFILE_CASES replaces the cases; CMDBUF_FLAGS (XLA_FLAGS) adds decode steps under those flags.
+#   PROFILE_CASES replaces the cases; CMDBUF_FLAGS (XLA_FLAGS) adds decode steps under those flags;
+#   CMDBUF_VARIANTS="name=flags;name=flags" adds one such run per variant (CMDBUF_CASES: their cases).
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 JAXLLM_CACHE_DIR=/tmp/jaxllm-xla
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -31,6 +32,10 @@ for b in ${PROFILE_BACKENDS-pallas pallas-hopper}; do
   # shellcheck disable=SC2086
   profile "$b" "$b" $CASES
 done
-if [ -n "${CMDBUF_FLAGS:-}" ]; then  # the same decode steps with other XLA command-buffer settings
-  XLA_FLAGS="$CMDBUF_FLAGS" profile pallas pallas-cmdbuf --decode 1x640 --decode 256x640
-fi
+VARIANTS="${CMDBUF_VARIANTS:-}"
+[ -n "${CMDBUF_FLAGS:-}" ] && VARIANTS="cmdbuf=$CMDBUF_FLAGS${VARIANTS:+;$VARIANTS}"
+IFS=';' read -r -a VARIANT_LIST <<<"$VARIANTS"
+for v in "${VARIANT_LIST[@]}"; do  # the same decode steps with other XLA command-buffer settings
+  # shellcheck disable=SC2086
+  XLA_FLAGS="${v#*=}" profile pallas "pallas-${v%%=*}" ${CMDBUF_CASES:---decode 1x640 --decode 256x640}
+done

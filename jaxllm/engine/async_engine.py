@@ -47,8 +47,10 @@ class AsyncLLMEngine:
         self.errored: BaseException | None = None
 
     @classmethod
-    def from_config(cls, config: EngineConfig, *, user_set: frozenset[str] = frozenset()) -> AsyncLLMEngine:
-        return cls(LLMEngine(config, user_set=user_set))
+    def from_config(
+        cls, config: EngineConfig, *, user_set: frozenset[str] = frozenset(), usage: str = "server"
+    ) -> AsyncLLMEngine:
+        return cls(LLMEngine(config, user_set=user_set, usage=usage))
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:

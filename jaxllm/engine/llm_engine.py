@@ -20,6 +20,7 @@ import time
 import jax
 
 from jaxllm.config import EngineConfig
+from jaxllm.engine.batch_defaults import default_batch_limits, device_total_memory
 from jaxllm.core.scheduler import Scheduler
 from jaxllm.engine.detokenizer import IncrementalDetokenizer
 from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentState
@@ -34,9 +35,6 @@ from jaxllm.stats import EngineStats
 
 logger = logging.getLogger("jaxllm")
 
-# Default limits on the host, where every compiled bucket costs seconds and memory is the CPU's.
-_CPU_MAX_NUM_SEQS = 64
-_CPU_MAX_BATCHED_TOKENS = 512
 _CPU_MAX_MODEL_LEN = 2048
 
 
@@ -57,8 +55,11 @@ def enable_compilation_cache(path: str | None) -> str | None:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, *, user_set: frozenset[str] = frozenset()):
-        """`user_set` names the scheduler fields the user gave explicitly (the rest get platform defaults)."""
+    def __init__(
+        self, config: EngineConfig, *, user_set: frozenset[str] = frozenset(), usage: str = "offline"
+    ):
+        """`user_set` names the scheduler fields the user gave explicitly; the others get vLLM's defaults for
+        the platform and `usage` ("offline" for LLM(...), "server" for the API server; batch_defaults.py)."""
         t_start = time.perf_counter()
         size_device_memory_pool(config.cache.gpu_memory_utilization)
         self.distributed = initialize_distributed(config.parallel)  # before any other jax use
@@ -80,12 +81,15 @@ class LLMEngine:
                 f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
                 f"{arch.max_position_embeddings}"
             )
-        max_num_seqs = sched.max_num_seqs
-        max_tokens = sched.max_num_batched_tokens
-        if on_host and "max_num_seqs" not in user_set:
-            max_num_seqs = min(max_num_seqs, _CPU_MAX_NUM_SEQS)
-        if on_host and "max_num_batched_tokens" not in user_set:
-            max_tokens = min(max_tokens, _CPU_MAX_BATCHED_TOKENS)
+        device = jax.local_devices()[0]
+        default_seqs, default_tokens = default_batch_limits(
+            usage,
+            jax.default_backend(),
+            device_total_memory(device.memory_stats()),
+            getattr(device, "device_kind", ""),
+        )
+        max_num_seqs = sched.max_num_seqs if "max_num_seqs" in user_set else default_seqs
+        max_tokens = sched.max_num_batched_tokens if "max_num_batched_tokens" in user_set else default_tokens
         if not sched.enable_chunked_prefill:
             max_tokens = max(max_tokens, max_model_len)
         sched = dataclasses.replace(

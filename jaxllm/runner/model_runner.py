@@ -142,6 +142,7 @@ class ModelRunner:
 
     # ---- memory --------------------------------------------------------------------------------------
     def largest_step_temp_bytes(self) -> int:
+        """Bytes a step needs beyond the weights and the KV cache, at the largest bucket."""
         t = self.plan.token_buckets[-1]
         shape = (t, self.plan.seqs_for(t), self.plan.page_buckets[-1])
         sds = jax.ShapeDtypeStruct
@@ -153,8 +154,17 @@ class ModelRunner:
         prev = sds((self.ids_width,), jnp.int32)
         params = jax.tree.map(lambda x: sds(x.shape, x.dtype), self.params)
         compiled = self._model_step.lower(params, kv, packed, prev, shape=shape, all_logits=False).compile()
-        mem = compiled.memory_analysis()
-        return int(getattr(mem, "temp_size_in_bytes", 0) or 0) if mem is not None else 0
+        model_temp = _memory(compiled, "temp_size_in_bytes")
+        # The sampler runs after the forward's temporaries are freed; its widest variant (penalty history,
+        # the V-wide sort, logprobs) over the largest bucket's rows can need more (S=1024: several GiB).
+        info = compiled.out_info[0]
+        widest = SamplerFlags(False, True, True, MAX_LOGPROBS)
+        smd = jax.tree.map(
+            lambda x: sds(x.shape, x.dtype), self._empty_sampling_metadata(info.shape[0], widest)
+        )
+        sampler = self._sample.lower(sds(info.shape, info.dtype), smd, flags=widest).compile()
+        sampler_need = _memory(sampler, "temp_size_in_bytes") + _memory(sampler, "argument_size_in_bytes")
+        return max(model_temp, sampler_need)
 
     def determine_num_blocks(self, util: float, override: int | None, max_num_seqs: int) -> tuple[int, str]:
         if override is not None:
@@ -360,3 +370,8 @@ class ModelRunner:
 
 def _wants_prompt_logprobs(sr: ScheduledRequest) -> bool:
     return sr.request.sampling_params.prompt_logprobs is not None and sr.start < sr.request.num_prompt_tokens
+
+
+def _memory(compiled, field: str) -> int:
+    mem = compiled.memory_analysis()
+    return int(getattr(mem, field, 0) or 0) if mem is not None else 0

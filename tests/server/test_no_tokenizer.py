@@ -18,7 +18,9 @@ def client():
         model=ModelSpec(model="tiny-llama", load_format="dummy", max_model_len=128),
         scheduler=SchedulerConfig(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64),
     )
-    engine = AsyncLLMEngine.from_config(config, user_set=frozenset({"max_model_len", "max_num_seqs"}))
+    engine = AsyncLLMEngine.from_config(
+        config, user_set=frozenset({"max_model_len", "max_num_seqs", "max_num_batched_tokens"})
+    )
     assert engine.tokenizer is None
     with TestClient(build_app(engine, disconnect_poll_s=0.05)) as c:
         yield c
