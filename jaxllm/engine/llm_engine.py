@@ -20,8 +20,8 @@ import time
 import jax
 
 from jaxllm.config import EngineConfig
-from jaxllm.engine.batch_defaults import default_batch_limits, device_total_memory
 from jaxllm.core.scheduler import Scheduler
+from jaxllm.engine.batch_defaults import default_batch_limits, device_total_memory
 from jaxllm.engine.detokenizer import IncrementalDetokenizer
 from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentState
 from jaxllm.layers.attention import resolve_backend
