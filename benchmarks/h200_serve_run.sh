@@ -6,6 +6,12 @@
 #
 #   bash benchmarks/h200_serve_run.sh          (carry .whl: starlette and uvicorn, installed into /tmp/site)
 #
+# MAX_SEQS / MAX_TOKENS set --max-num-seqs / --max-num-batched-tokens (unset: the server's defaults, vLLM's on
+# an H200: 1024 / 8192). POISSON_RATE (default 12 requests/s; 0 skips it) adds a last run: Poisson arrivals
+# capped at POISSON_CONCURRENCY (32) concurrent requests, POISSON_PROMPTS (240) of them, on a fresh launch
+# of the server (warm cache) - the steady state of concurrency 32, where the sweep's levels start every
+# client at once and stay in step (their TTFT is bounded by that wave; README).
+#
 # Under $OUT: <date>-<device>-serve-<tag>-sweep.json (rewritten after every level), <date>-<device>-startup-
 # server-<tag>.json (the sweep's launch and the restart), server-sweep.log, server-startup-0-<cold|warm>.log,
 # run.log; a markdown table last. Every phase ends by a deadline inside BUDGET_S seconds: a level still
@@ -30,12 +36,12 @@ LEVELS="${LEVELS:-1,8,32,64,128}"
 PROMPTS="${PROMPTS:-6,24,96,192,384}"
 WARMUP="${WARMUP:-16}"
 BUDGET="${BUDGET_S:-540}"             # the whole script
-WARM_RESERVE="${WARM_RESERVE_S:-190}" # kept for the restart (a cold compile is ~150 s) and the report
+WARM_RESERVE="${WARM_RESERVE_S:-200}" # kept for the restart, the Poisson run and the report
 read -r -a TARGETS <<<"${TARGETS:-c32:median_tpot_ms<=5.5 c32:median_ttft_ms<=60 c1:output_throughput>=250}"
 WARM_TARGET="${WARM_TARGET_S:-30}"
 SERVER="$PY -m server.cli serve $MODEL --load-format dummy --dtype ${DTYPE:-bfloat16}"
-SERVER+=" --max-model-len ${MAX_MODEL_LEN:-1024} --max-num-seqs ${MAX_SEQS:-256}"
-SERVER+=" --max-num-batched-tokens ${MAX_TOKENS:-2048} --tokenizer $TOK --uvicorn-log-level warning"
+SERVER+=" --max-model-len ${MAX_MODEL_LEN:-1024}${MAX_SEQS:+ --max-num-seqs $MAX_SEQS}"
+SERVER+="${MAX_TOKENS:+ --max-num-batched-tokens $MAX_TOKENS} --tokenizer $TOK --uvicorn-log-level warning"
 SERVER+="${NUM_GPU_BLOCKS:+ --num-gpu-blocks-override $NUM_GPU_BLOCKS}"
 
 elapsed() { echo "$(($(date +%s) - T0)) s"; }
@@ -83,10 +89,27 @@ run() {
     echo "no time left for the restart"
   fi
 
-  # 3. The table.
+  # 3. Poisson arrivals at concurrency <= 32: steady-state TTFT and TPOT.
+  left=$((T0 + BUDGET - $(date +%s) - 10))
+  local poisson_json="$OUT/$date-$dev-serve-$TAG-poisson.json"
+  if [ "${POISSON_RATE:-12}" != 0 ] && [ "$left" -ge 60 ]; then
+    echo "== [$(elapsed)] Poisson ${POISSON_RATE:-12} req/s, concurrency <= ${POISSON_CONCURRENCY:-32}, $left s"
+    timeout -k 30 "$left" "$PY" benchmarks/serve.py \
+      --launch "$SERVER --port 8002 --compilation-cache-dir $CACHE" --base-url http://127.0.0.1:8002 \
+      --launch-timeout $((left - 30)) --server-log "$OUT/server-poisson.log" --synthetic-tokenizer "$TOK" \
+      --shape-model "$MODEL" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" \
+      --request-rate "${POISSON_RATE:-12}" --max-concurrency "${POISSON_CONCURRENCY:-32}" \
+      --num-prompts "${POISSON_PROMPTS:-240}" --warmup-prompts "$WARMUP" --sweep-deadline $((T0 + BUDGET - 5)) \
+      --name "serve-$TAG-poisson" --output-json "$poisson_json"
+    echo "serve.py (Poisson) exit code $?"
+  else
+    echo "Poisson run skipped (POISSON_RATE=${POISSON_RATE:-12}, $left s left)"
+  fi
+
+  # 4. The table.
   echo "== [$(elapsed)] done"
   local files=()
-  for f in "$serve_json" "$start_json"; do [ -f "$f" ] && files+=("$f"); done
+  for f in "$serve_json" "$start_json" "$poisson_json"; do [ -f "$f" ] && files+=("$f"); done
   [ ${#files[@]} -gt 0 ] && "$PY" benchmarks/serve.py --report "${files[@]}"
 }
 

@@ -2,7 +2,10 @@
 
 Tokens T take powers of two from `min_tokens` up to `max_num_batched_tokens` (which is itself a bucket).
 Sequences S follow T: S = min(T, max_num_seqs bucket) — a decode step has T == S, and a prefill step pays
-only for empty sequence slots, which the kernels skip. Pages per sequence B are either the full
+only for empty sequence slots, which the kernels skip. Empty slots are not free everywhere: the LM head
+and the sampler run over all S rows (at S=1024, 1.5 ms of LM head alone). So when max_num_seqs exceeds
+`SMALL_SEQS`, a T bucket above it also has S = SMALL_SEQS, for steps of few sequences and many tokens
+(a prefill chunk beside a few dozen decodes). Pages per sequence B are either the full
 `max_model_len / block_size` (GPU kernels read only the pages a sequence uses) or, for the plain-jnp
 reference (which gathers every listed page), powers of two.
 """
@@ -23,6 +26,9 @@ def pow2_buckets(lo: int, hi: int, growth: int = 2) -> list[int]:
         b *= growth
     out.append(hi)
     return sorted(set(out))
+
+
+SMALL_SEQS = 256
 
 
 def pick(buckets: list[int], n: int) -> int:
@@ -60,13 +66,19 @@ class BucketPlan:
         return cls(tuple(tokens), _pow2_ceil(max_num_seqs) if max_num_seqs > 1 else 1, tuple(pages))
 
     def seqs_for(self, t_bucket: int) -> int:
+        """The largest S bucket of a T bucket."""
         return min(t_bucket, self.max_seqs)
+
+    def seq_buckets_for(self, t_bucket: int) -> list[int]:
+        full = self.seqs_for(t_bucket)
+        return sorted({min(full, SMALL_SEQS), full})
 
     def shape_for(self, num_tokens: int, num_seqs: int, max_pages: int) -> tuple[int, int, int]:
         t = pick(list(self.token_buckets), max(num_tokens, num_seqs))
-        s = self.seqs_for(t)
-        assert s >= num_seqs, (num_tokens, num_seqs, t, s)
+        s = pick(self.seq_buckets_for(t), num_seqs)
         return t, s, pick(list(self.page_buckets), max(1, max_pages))
 
     def all_shapes(self) -> list[tuple[int, int, int]]:
-        return [(t, self.seqs_for(t), b) for t in self.token_buckets for b in self.page_buckets]
+        return [
+            (t, s, b) for t in self.token_buckets for s in self.seq_buckets_for(t) for b in self.page_buckets
+        ]
