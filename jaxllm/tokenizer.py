@@ -6,21 +6,45 @@ files keep theirs in `tokenizer.chat_template`). `apply_chat_template(tok, messa
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
+# The class names of the generic fast tokenizer (transformers 4 and 5), which is built from tokenizer.json
+# alone. A folder that names it loads through that class directly: AutoTokenizer would pick the same
+# class, but importing it pulls in the model configuration modules and, with them, torch (10 s of a
+# server's start on a GPU machine).
+GENERIC_FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def names_generic_fast_tokenizer(path: str) -> bool:
+    config = os.path.join(path, "tokenizer_config.json")
+    if not (os.path.isfile(os.path.join(path, "tokenizer.json")) and os.path.isfile(config)):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return json.load(f).get("tokenizer_class") in GENERIC_FAST_CLASSES
+    except (OSError, ValueError, AttributeError):
+        return False  # AutoTokenizer then reports what is wrong with the folder
+
 
 def load_tokenizer(path: str, chat_template: str | None = None):
-    from transformers import AutoTokenizer
-
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer path {path} does not exist")
     try:
-        if path.endswith(".gguf"):
+        if os.path.isdir(path) and names_generic_fast_tokenizer(path):
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+        elif path.endswith(".gguf"):
+            from transformers import AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(
                 os.path.dirname(path) or ".", gguf_file=os.path.basename(path)
             )
         else:
+            from transformers import AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # transformers raises OSError/ValueError/KeyError/TypeError by case
         raise ValueError(f"cannot load a tokenizer from {path}: {e}") from None
