@@ -60,6 +60,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _limits(startup: dict[str, Any]) -> str:
+    """The engine's max_num_seqs / max_num_batched_tokens, as its startup info reports them."""
+    seqs, tokens = startup.get("max_num_seqs"), startup.get("max_num_batched_tokens")
+    return f"{seqs} / {tokens}" if seqs and tokens else "-"
+
+
 def throughput_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for r in results:
@@ -70,6 +76,7 @@ def throughput_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                 r["date"][:10],
                 r["device"],
                 f"{r['model']} ({r['name']})",
+                _limits(s),
                 str(m["num_requests"]),
                 f"{m['input_tokens']} / {m['output_tokens']}",
                 _f(m["requests_per_s"], ".2f"),
@@ -122,6 +129,7 @@ def summary_markdown(results: list[dict[str, Any]], skipped: list[str]) -> str:
                 "date",
                 "device",
                 "model (run)",
+                "seqs / tokens per step",
                 "requests",
                 "in / out tokens",
                 "req/s",
