@@ -180,9 +180,13 @@ def profile_step(runner, inputs, reps: int, trace_dir: Path | None) -> dict:
         row["note"] = "no device kernel events in the trace (not a GPU?)"
         return row
     if spans:
+        # Per step, when every step is one burst. A step the device idles in for over gap_us (its host
+        # enqueues kernels slower than they run: synchronous steps of ~500 small kernels) splits into
+        # several bursts; span and gaps are then per burst and bursts_per_step says so.
         row["device_span_ms"] = statistics.median(sp for sp, _ in spans) / 1e3
         row["device_gaps_ms"] = statistics.median(sp - b for sp, b in spans) / 1e3
         row["bursts"] = len(spans)
+        row["bursts_per_step"] = len(spans) / reps
     by_kind: dict[str, float] = collections.defaultdict(float)
     for name, (_, us) in kernels.items():
         by_kind[kind_of(name)] += us / reps / 1e3
@@ -252,9 +256,9 @@ def main(argv=None) -> dict:
         rows.append(row)
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in row.get("by_kind_ms", {}).items())
         logger.info(
-            "%s: wall %.2f ms, device span %.2f ms (gaps %.2f), busy %.2f ms (%s)",
+            "%s: wall %.2f ms, device burst %.2f ms (gaps %.2f, %.1f bursts per step), busy %.2f ms (%s)",
             label, row["wall_ms"], row.get("device_span_ms", 0), row.get("device_gaps_ms", 0),
-            row.get("busy_ms", 0), kinds,
+            row.get("bursts_per_step", 0), row.get("busy_ms", 0), kinds,
         )  # fmt: skip
     result = make_result(
         "step_profile",
