@@ -158,11 +158,9 @@ class ModelRunner:
         # The sampler runs after the forward's temporaries are freed; its widest variant (penalty history,
         # the V-wide sort, logprobs) over the largest bucket's rows can need more (S=1024: several GiB).
         info = compiled.out_info[0]
-        widest = SamplerFlags(False, True, True, MAX_LOGPROBS)
-        smd = jax.tree.map(
-            lambda x: sds(x.shape, x.dtype), self._empty_sampling_metadata(info.shape[0], widest)
+        sampler = self._compile_sampler(
+            sds(info.shape, info.dtype), SamplerFlags(False, True, True, MAX_LOGPROBS)
         )
-        sampler = self._sample.lower(sds(info.shape, info.dtype), smd, flags=widest).compile()
         sampler_need = _memory(sampler, "temp_size_in_bytes") + _memory(sampler, "argument_size_in_bytes")
         return max(model_temp, sampler_need)
 
@@ -212,12 +210,6 @@ class ModelRunner:
                 self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False
             ).compile()
 
-        def sampler(logits, flags):
-            smd = jax.tree.map(
-                lambda x: sds(x.shape, x.dtype), self._empty_sampling_metadata(logits.shape[0], flags)
-            )
-            return self._sample.lower(logits, smd, flags=flags).compile()
-
         with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
             models = {shape: pool.submit(model, shape) for shape in self.plan.all_shapes()}
             samplers = {}
@@ -226,9 +218,17 @@ class ModelRunner:
                 for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
                     if (shape[1], flags) not in samplers:
                         logits = sds(info.shape, info.dtype)
-                        samplers[(shape[1], flags)] = pool.submit(sampler, logits, flags)
+                        samplers[(shape[1], flags)] = pool.submit(self._compile_sampler, logits, flags)
             self._ahead_model = {shape: f.result() for shape, f in models.items()}
             self._ahead_sample = {key: f.result() for key, f in samplers.items()}
+
+    def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
+        """The sampler variant `flags` for logits of this shape, compiled ahead."""
+        smd = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+            self._empty_sampling_metadata(logits.shape[0], flags),
+        )
+        return self._sample.lower(logits, smd, flags=flags).compile()
 
     def _warm_sequentially(self) -> None:
         for t, s, b in self.plan.all_shapes():
