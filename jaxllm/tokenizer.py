@@ -32,20 +32,19 @@ def load_tokenizer(path: str, chat_template: str | None = None):
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer path {path} does not exist")
     try:
-        if os.path.isdir(path) and names_generic_fast_tokenizer(path):
+        if names_generic_fast_tokenizer(path):
             from transformers import PreTrainedTokenizerFast
 
             tok = PreTrainedTokenizerFast.from_pretrained(path)
-        elif path.endswith(".gguf"):
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(
-                os.path.dirname(path) or ".", gguf_file=os.path.basename(path)
-            )
         else:
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(path)
+            if path.endswith(".gguf"):
+                tok = AutoTokenizer.from_pretrained(
+                    os.path.dirname(path) or ".", gguf_file=os.path.basename(path)
+                )
+            else:
+                tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # transformers raises OSError/ValueError/KeyError/TypeError by case
         raise ValueError(f"cannot load a tokenizer from {path}: {e}") from None
     if chat_template is not None:
