@@ -466,6 +466,12 @@ def prefill_paged_attention_mgpu(
         raise ValueError(f"min_q_len={min_q_len} must be >= 1, and 1 with q_tile_aligned=True")
     if q_tile_aligned:
         _check_aligned(cu_q_lens, num_seqs, cfg.tile)
+    if interpret:
+        # XLA CPU runs a computation whose inputs are still being computed later, on its own small
+        # thread pool. The interpreter's warpgroup threads block inside host callbacks until the
+        # others arrive at a barrier, and blocked callbacks on that pool can starve it. With ready
+        # inputs the computation runs on this thread and its warpgroups on threads of their own.
+        jax.block_until_ready((q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs))
     return _prefill(
         q,
         k_pages,

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from tests.kernels import own_process
+
 
 def pytest_addoption(parser):
     parser.addoption("--gpu", action="store_true", default=False, help="run kernel tests compiled on the GPU")
@@ -26,3 +28,14 @@ def on_gpu(request) -> bool:
 @pytest.fixture(scope="session")
 def interpret(on_gpu) -> bool:
     return not on_gpu
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Tests marked own_process run in a child process with a time limit on the CPU (own_process.py)."""
+    if pyfuncitem.get_closest_marker("own_process") is None or own_process.in_child():
+        return None
+    if pyfuncitem.config.getoption("--gpu", default=False) or os.environ.get("JAXLLM_KERNEL_GPU") == "1":
+        return None  # compiled on the GPU: no interpreter threads
+    own_process.run_in_own_process(pyfuncitem)
+    return True

@@ -40,6 +40,7 @@ def _id(c):
     return f"q{'-'.join(map(str, q_lens))}-{jnp.dtype(dt).name}-ps{ps}-h{hq}x{hkv}-d{d}-min{m}{extra}"
 
 
+@pytest.mark.own_process
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_matches_reference(case, interpret):
     q_lens, kv_lens, dtype, ps, (hq, hkv), d, min_q_len, kw = case
@@ -64,6 +65,7 @@ def test_llama_shapes_on_gpu(on_gpu):
     assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
 
 
+@pytest.mark.own_process
 def test_mosaic_takes_exactly_the_long_chunks(interpret):
     """With min_q_len the Mosaic kernel answers the long chunks and leaves every other row zero, so the
     Triton launches that follow own the rest; a wrong routing shows up here as well as in the result."""

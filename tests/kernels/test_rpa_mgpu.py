@@ -118,6 +118,7 @@ def _check(case, interpret, pv_mode=None):
     assert_matches_reference(out, ref, prob, TOL[dtype])
 
 
+@pytest.mark.own_process
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_matches_reference(case, interpret):
     _check(case, interpret)
@@ -144,6 +145,7 @@ def test_llama_shapes_on_gpu(on_gpu):
         _check(case, interpret=False)
 
 
+@pytest.mark.own_process
 def test_interpret_finds_no_races():
     """The happens-before race detector of interpret mode: barriers order every SMEM access."""
     try:
@@ -169,6 +171,7 @@ def test_unit_schedule_covers_every_unit_once(num_units, grid):
     assert sorted(seen) == list(range(num_units))
 
 
+@pytest.mark.own_process
 def test_detects_wrong_answer(interpret):
     """The check can fail: a wrong scale must be caught by the same tolerance."""
     prob = make_problem([130], [300], hq=2, hkv=1, d=64, page_size=16, dtype=jnp.float16)
@@ -177,6 +180,7 @@ def test_detects_wrong_answer(interpret):
     assert rel_err(out[: prob.num_rows], ref[: prob.num_rows]) > TOL[jnp.float16]
 
 
+@pytest.mark.own_process
 def test_padding_sequences_and_empty_batch(interpret):
     """num_seqs = 0: every row is padding and must come out as zeros."""
     prob = make_problem([1, 2], [5, 9], hq=2, hkv=1, d=64, page_size=16, dtype=jnp.bfloat16)
