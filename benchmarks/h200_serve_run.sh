@@ -4,7 +4,7 @@
 # now-warm compilation cache (warm startup). The first start is warm too when an earlier call on the same
 # machine compiled the same configuration into the same cache dir (h200_engine_run.sh: throughput.py).
 #
-#   bash benchmarks/h200_serve_run.sh          (carry .whl: starlette and uvicorn, installed into /tmp/site)
+#   bash benchmarks/h200_serve_run.sh          (carry .whl: starlette, uvicorn and transformers, installed into /tmp/site: README)
 #
 # MAX_SEQS / MAX_TOKENS set --max-num-seqs / --max-num-batched-tokens (unset: the server's defaults, vLLM's on
 # an H200: 1024 / 8192). POISSON_RATE (default 12 requests/s; 0 skips it) adds a last run: Poisson arrivals
@@ -26,6 +26,7 @@ T0=$(date +%s)
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
+source benchmarks/install_carried_wheels.sh
 MODEL="${MODEL:-llama-3.1-8b}"
 if [ "$MODEL" = llama-3.1-8b ]; then TAG="${TAG:-llama8b}"; else TAG="${TAG:-$MODEL}"; fi
 CACHE="${CACHE_DIR:-/tmp/jaxllm-xla}"
@@ -48,11 +49,8 @@ elapsed() { echo "$(($(date +%s) - T0)) s"; }
 cache_files() { find "$CACHE" -type f 2>/dev/null | wc -l; }
 
 run() {
-  if ! "$PY" -c 'import starlette, uvicorn' 2>/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl || { echo "cannot install the wheels in .whl (carry .whl)"; return 1; }
-  fi
-  export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 JAXLLM_CACHE_DIR="$CACHE"
+  install_carried_wheels || return 1
+  export PYTHONUNBUFFERED=1 JAXLLM_CACHE_DIR="$CACHE"
   local dev date serve_json start_json deadline left
   dev=$("$PY" -c 'from benchmarks.workload import device_tag; print(device_tag())')
   date=$(date -u +%F)

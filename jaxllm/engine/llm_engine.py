@@ -166,9 +166,10 @@ class LLMEngine:
             "maximum concurrency for %d tokens per request: %.2fx", max_model_len, self.max_concurrency
         )
         logger.info(
-            "compiled %d step variants in %.1f s (cache: %s)",
+            "compiled %d step variants in %.1f s, %d more compiling in the background (cache: %s)",
             self.runner.num_compiled(),
             self.compile_time_s,
+            self.runner.num_compiling_in_background(),
             self.cache_dir,
         )
 

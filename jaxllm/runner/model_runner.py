@@ -7,11 +7,13 @@
 The model step is dispatched before the sampling metadata is built: JAX runs it asynchronously, so the
 host builds the sampler's inputs while the device runs the forward pass.
 
-Every (bucket, sampler variant) is compiled at startup by `compile_all` unless `enforce_eager`: all of
-them at once on a thread pool (XLA compiles, and loads from the persistent compilation cache, outside
-the GIL), kept as compiled executables that the step calls directly. The persistent cache makes a
-restart cheap. Nothing compiles while serving (tests count it). Prompt logprobs use a separate
-all-rows logits variant, compiled on first use.
+Every bucket of the model step and the sampler variants every workload uses (greedy and random
+sampling, with or without top-k / top-p) are compiled before the engine is ready by `compile_all` unless
+`enforce_eager`: all of them at once on a thread pool (XLA compiles, and loads from the persistent
+compilation cache, outside the GIL), kept as compiled executables that the step calls directly. The
+other sampler variants (penalties, logprobs: 3 in 4 of them) compile after that on background threads;
+a step that needs one first waits for its compile instead of compiling it again. The persistent cache
+makes a restart cheap. Prompt logprobs use a separate all-rows logits variant, compiled on first use.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class ModelRunner:
         # rows only); (S, flags) -> sampler.
         self._ahead_model: dict = {}
         self._ahead_sample: dict = {}
+        # (S, flags) -> Future of a sampler variant compiling in the background (compile_all)
+        self._pending_sample: dict = {}
+        self._background: ThreadPoolExecutor | None = None
 
     # ---- the jitted pieces ---------------------------------------------------------------------------
     def _model_step_impl(
@@ -210,17 +215,56 @@ class ModelRunner:
                 self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False
             ).compile()
 
+        later = {}  # (S, flags) -> the logits the variant takes, compiled after ready
         with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
             models = {shape: pool.submit(model, shape) for shape in self.plan.all_shapes()}
             samplers = {}
             for shape, fut in models.items():
                 info = fut.result().out_info[0]  # the logits the sampler of this bucket takes
+                logits = sds(info.shape, info.dtype)
                 for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
-                    if (shape[1], flags) not in samplers:
-                        logits = sds(info.shape, info.dtype)
-                        samplers[(shape[1], flags)] = pool.submit(self._compile_sampler, logits, flags)
+                    key = (shape[1], flags)
+                    if key in samplers or key in later:
+                        continue
+                    if flags.needed_at_start:
+                        samplers[key] = pool.submit(self._compile_sampler, logits, flags)
+                    else:
+                        later[key] = logits
             self._ahead_model = {shape: f.result() for shape, f in models.items()}
             self._ahead_sample = {key: f.result() for key, f in samplers.items()}
+        self._compile_in_background(later, max(1, min(4, workers // 2)))
+
+    def _compile_in_background(self, todo: dict, workers: int) -> None:
+        """Compile the sampler variants `todo` ((S, flags) -> logits spec) on background threads. Each goes
+        into _ahead_sample when done; _sample_step waits on one still compiling. At interpreter exit the
+        workers finish the variant in hand and drop the rest."""
+        if not todo:
+            return
+        t0 = time.perf_counter()
+        self._background = ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile-later")
+        left = [len(todo)]
+
+        def done(key, fut):
+            if fut.exception() is None:  # a failed variant compiles through jit when first used
+                self._ahead_sample[key] = fut.result()
+            self._pending_sample.pop(key, None)
+            left[0] -= 1
+            if left[0] == 0:
+                logger.info(
+                    "compiled %d more sampler variants (penalties, logprobs) in the background in %.1f s",
+                    len(todo), time.perf_counter() - t0,
+                )  # fmt: skip
+
+        for key, logits in todo.items():
+            fut = self._background.submit(self._compile_sampler, logits, key[1])
+            self._pending_sample[key] = fut
+            fut.add_done_callback(lambda f, key=key: done(key, f))
+        self._background.shutdown(wait=False)  # takes no more work; the queued variants still compile
+
+    def wait_for_background_compiles(self) -> None:
+        """Block until every sampler variant compile_all left to the background is compiled."""
+        for fut in list(self._pending_sample.values()):
+            fut.exception()  # waits; a failure is left to jit at first use
 
     def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
         """The sampler variant `flags` for logits of this shape, compiled ahead."""
@@ -258,7 +302,11 @@ class ModelRunner:
         return logits
 
     def _sample_step(self, logits, smd, flags: SamplerFlags):
-        ahead = self._ahead_sample.get((logits.shape[0], flags))
+        key = (logits.shape[0], flags)
+        ahead = self._ahead_sample.get(key)
+        if ahead is None and (pending := self._pending_sample.get(key)) is not None:
+            if pending.exception() is None:  # still compiling in the background: wait for it
+                ahead = pending.result()
         return ahead(logits, smd) if ahead is not None else self._sample(logits, smd, flags=flags)
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -362,6 +410,9 @@ class ModelRunner:
         if row is None or row.output_token_ids is not r.output_token_ids:
             row = self._rows[r.request_id] = SamplingRow.from_request(r)
         return row
+
+    def num_compiling_in_background(self) -> int:
+        return len(self._pending_sample)
 
     def num_compiled(self) -> int:
         jitted = sum(f._cache_size() for f in (self._model_step, self._sample, self._prompt_logprobs))

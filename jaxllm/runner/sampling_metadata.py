@@ -92,6 +92,12 @@ class SamplerFlags:
         if self.all_greedy and self.do_top_k_top_p:
             raise ValueError("do_top_k_top_p=True needs all_greedy=False (greedy rows never sort)")
 
+    @property
+    def needed_at_start(self) -> bool:
+        """Compiled before the engine is ready: greedy and random sampling, with or without top-k /
+        top-p (what benchmarks and most clients send). Penalties and logprobs compile after ready."""
+        return not self.do_penalties and self.num_logprobs < 0
+
     @classmethod
     def for_rows(
         cls,

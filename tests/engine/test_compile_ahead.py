@@ -5,6 +5,8 @@ one variant at a time through jit, with a warning, and the outputs still match."
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -44,11 +46,39 @@ def test_every_variant_is_an_executable_and_outputs_match(tiny_llama_dir, jax_ca
     runner = llm.llm_engine.runner
     shapes = runner.plan.all_shapes()
     assert set(runner._ahead_model) == set(shapes)
-    variants = SamplerFlags.all_variants(MAX_LOGPROBS)
-    assert set(runner._ahead_sample) == {(s, f) for _, s, _ in shapes for f in variants}
+    every = {(s, f) for _, s, _ in shapes for f in SamplerFlags.all_variants(MAX_LOGPROBS)}
+    at_start = {key for key in every if key[1].needed_at_start}
+    assert at_start and at_start < every
+    # Ready with the common variants; penalties and logprobs are compiled or compiling in the background.
+    assert at_start <= set(runner._ahead_sample)
+    assert set(runner._ahead_sample) | set(runner._pending_sample) == every
     assert _greedy(llm) == jit_tokens
-    # Every step ran an executable compiled ahead: jit never traced the model step.
+    runner.wait_for_background_compiles()
+    assert set(runner._ahead_sample) == every and not runner._pending_sample
+    # Every step ran an executable compiled ahead: jit never traced the model step nor the sampler
+    # (the logprobs variant the requests need was waited for, not compiled twice).
     assert runner._model_step._cache_size() == 0
+    assert runner._sample._cache_size() == 0
+
+
+def test_a_step_waits_for_a_variant_still_compiling(tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch):
+    """A request that needs a sampler variant still compiling in the background waits for it: same
+    tokens, and jit compiles nothing of its own."""
+    started = threading.Event()
+    compile_sampler = ModelRunner._compile_sampler
+
+    def slow_for_later_variants(self, logits, flags):
+        if not flags.needed_at_start:
+            started.set()
+            time.sleep(0.5)
+        return compile_sampler(self, logits, flags)
+
+    monkeypatch.setattr(ModelRunner, "_compile_sampler", slow_for_later_variants)
+    llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
+    runner = llm.llm_engine.runner
+    assert started.wait(30) and runner.num_compiling_in_background() > 0
+    assert _greedy(llm) == jit_tokens  # logprobs=2: a variant compiled after ready
+    assert runner._sample._cache_size() == 0
 
 
 def test_failed_parallel_compile_falls_back(tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch, caplog):
