@@ -1,7 +1,8 @@
 """Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2, Qwen3) as a functional Flax linen module.
 
 Data flow of `__call__(input_ids, kv_caches, md)`:
-  input_ids i32[T] -> embed_tokens -> for each layer (unrolled Python loop, one param subtree each):
+  input_ids i32[T] -> embed_tokens -> for each layer (unrolled Python loop, one param subtree each; the
+  layer's trace is shared, models/layer_trace.py):
     x + attn(input_norm(x))       q/k/v proj -> [q/k RMSNorm per head] -> rotary(md.positions) ->
                                   layers.attention.paged_attention (writes K/V into the layer's pages)
     x + mlp(post_attn_norm(x))    down(silu(gate(x)) * up(x))
@@ -37,6 +38,7 @@ from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.layers.norm import RMSNorm
 from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_freq
 from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.layer_trace import call_layer
 
 ACTIVATIONS = {
     "silu": jax.nn.silu,
@@ -135,6 +137,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     arch: ModelArchConfig
     attn_backend: str = "reference"
+    trace_layers_once: bool = True  # layers share one trace per step shape (models/layer_trace.py)
 
     def setup(self) -> None:
         a = self.arch
@@ -162,7 +165,9 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         new_caches = []
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, kv_cache = layer(x, kv_cache, md, inv_freq, attention_factor)
+            x, kv_cache = call_layer(
+                self, layer, x, kv_cache, md, inv_freq, attention_factor=attention_factor
+            )
             new_caches.append(kv_cache)
         return self.norm(x), new_caches
 

@@ -24,6 +24,7 @@ from jaxllm.layers.attention import paged_attention
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.layers.norm import LayerNorm
 from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.layer_trace import call_layer
 from jaxllm.models.llama import ACTIVATIONS, tied_or_head_logits
 
 POSITION_OFFSET = 2  # OPT's learned position table starts at row 2 (a fairseq padding convention)
@@ -82,6 +83,7 @@ class OPTDecoderLayer(nn.Module):
 class OPTForCausalLM(nn.Module):
     arch: ModelArchConfig
     attn_backend: str = "reference"
+    trace_layers_once: bool = True  # layers share one trace per step shape (models/layer_trace.py)
 
     def setup(self) -> None:
         a = self.arch
@@ -111,7 +113,7 @@ class OPTForCausalLM(nn.Module):
         x = x + self.embed_positions(md.positions + POSITION_OFFSET).astype(x.dtype)
         new_caches = []
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, kv_cache = layer(x, kv_cache, md)
+            x, kv_cache = call_layer(self, layer, x, kv_cache, md)
             new_caches.append(kv_cache)
         if a.final_layer_norm:
             x = self.final_norm(x)

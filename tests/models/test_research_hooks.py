@@ -13,6 +13,7 @@ from jaxllm.config import ModelSpec
 from jaxllm.loader import load_model
 from jaxllm.models.llama import LlamaMLP
 from tests.models.paged_runner import PagedRunner
+from tests.models.step_inputs import one_sequence
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +21,8 @@ def tiny():
     return load_model(ModelSpec(model="tiny-llama", load_format="dummy", seed=1))
 
 
-def _inputs(arch):
-    from jaxllm.layers.attention_metadata import AttentionMetadata
-
-    t = 5
-    kv = jnp.zeros((arch.num_kv_heads, 2, 4, arch.head_dim), jnp.float32)
-    md = AttentionMetadata(
-        positions=jnp.arange(t, dtype=jnp.int32), slot_mapping=jnp.arange(t, dtype=jnp.int32),
-        block_tables=jnp.array([[0, 1]], jnp.int32), kv_lens=jnp.array([t], jnp.int32),
-        cu_q_lens=jnp.array([0, t], jnp.int32), num_seqs=jnp.array([1], jnp.int32),
-    )  # fmt: skip
-    return jnp.array([3, 1, 4, 1, 5], jnp.int32), [(kv, kv)] * arch.num_layers, md
-
-
 def test_capture_intermediates(tiny):
-    ids, kv, md = _inputs(tiny.arch)
+    ids, kv, md = one_sequence(tiny.arch)
     (hidden, _), state = tiny.module.apply({"params": tiny.params}, ids, kv, md, capture_intermediates=True)
     inter = state["intermediates"]
     mlp_out = inter["layers_1"]["mlp"]["__call__"][0]
@@ -43,7 +31,7 @@ def test_capture_intermediates(tiny):
 
 
 def test_intercept_mlp_equals_zeroed_weights(tiny):
-    ids, kv, md = _inputs(tiny.arch)
+    ids, kv, md = one_sequence(tiny.arch)
 
     def zero_layer1_mlp(next_fun, args, kwargs, context):
         out = next_fun(*args, **kwargs)
