@@ -6,6 +6,8 @@ pytree of `jax.ShapeDtypeStruct` every loader fills (and checks shapes against) 
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -55,9 +57,15 @@ def dummy_inputs(arch: ModelArchConfig, num_tokens: int = 1, num_blocks: int = 1
 
 
 def abstract_params(module: nn.Module, dtype: jnp.dtype) -> dict:
-    """Pytree of ShapeDtypeStruct (every leaf in `dtype`) with the module's parameter paths."""
-    ids, caches, md = dummy_inputs(module.arch)
-    shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), ids, caches, md, method="init_all"))[
-        "params"
-    ]
+    """Pytree of ShapeDtypeStruct (every leaf in `dtype`) with the module's parameter paths.
+
+    The decoder layers `layers_{i}` all have one layer's parameters, so only a one-layer model is traced
+    (`init` traces every layer's Python, a second of a large model's load) and its `layers_0` is shared."""
+    arch = module.arch
+    one = module.clone(arch=dataclasses.replace(arch, num_layers=1)) if arch.num_layers > 1 else module
+    ids, caches, md = dummy_inputs(one.arch)
+    shapes = jax.eval_shape(lambda: one.init(jax.random.key(0), ids, caches, md, method="init_all"))["params"]
+    shapes = dict(shapes)
+    layer = shapes.pop("layers_0")
+    shapes.update({f"layers_{i}": layer for i in range(arch.num_layers)})
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(dtype)), shapes)

@@ -26,6 +26,21 @@ def test_preset_parameter_count(name, count):
     )
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "qwen2.5-7b", "opt"])
+def test_abstract_params_equal_a_full_init(name):
+    """abstract_params traces one layer and shares it; a full init of every layer is the reference."""
+    from jaxllm.models.registry import dummy_inputs
+    from tests.models.test_layer_trace import OPT_CONFIG
+
+    module = build_model(ModelArchConfig.from_hf(OPT_CONFIG if name == "opt" else get_preset(name)))
+    ids, caches, md = dummy_inputs(module.arch)
+    full = jax.eval_shape(lambda: module.init(jax.random.key(0), ids, caches, md, method="init_all"))[
+        "params"
+    ]
+    full = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float16), full)
+    assert abstract_params(module, jnp.float16) == full
+
+
 def test_every_preset_parses():
     for name in PRESETS:
         arch = ModelArchConfig.from_hf(get_preset(name))
