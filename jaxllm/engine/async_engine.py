@@ -2,6 +2,7 @@
 
     generate() -- validate (raises ValueError at once) --> pending queue --> [loop] enqueue between steps
     [loop] step() in a worker thread --> RequestOutputs --> per-request asyncio.Queue --> the caller's stream
+    (the next step() is already running in the worker while the streams handle these outputs)
 
 The engine itself is touched only by the loop (adds and aborts are applied between steps), so the device
 step can run in a thread while the event loop keeps serving. A stream that is closed before its request
@@ -144,17 +145,23 @@ class AsyncLLMEngine:
                         continue
                     await self._wakeup.wait()
                     continue
-                outputs = await loop.run_in_executor(self._executor, self.engine.step)
-                self.iteration_tokens.append(self.engine.last_step_tokens)
-                if len(self.iteration_tokens) > 10_000:  # nobody is reading: keep the newest
-                    del self.iteration_tokens[:5_000]
-                for out in outputs:
-                    q = self._queues.get(out.request_id)
-                    if q is not None:
-                        q.put_nowait(out)
-                        if out.finished:
-                            self._queues.pop(out.request_id, None)
-                await asyncio.sleep(0)
+                step = loop.run_in_executor(self._executor, self.engine.step)
+                while step is not None:
+                    outputs = await step
+                    self.iteration_tokens.append(self.engine.last_step_tokens)
+                    if len(self.iteration_tokens) > 10_000:  # nobody is reading: keep the newest
+                        del self.iteration_tokens[:5_000]
+                    # The next step starts before the streams see this one's outputs: their work (SSE
+                    # chunks, JSON) then overlaps the step's device time instead of delaying its start.
+                    self._apply_pending()
+                    step = (
+                        loop.run_in_executor(self._executor, self.engine.step)
+                        if self.engine.has_unfinished_requests()
+                        else None
+                    )
+                    self._deliver(outputs)
+                    if step is None:
+                        await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # a failed step must not leave clients waiting forever
@@ -163,3 +170,11 @@ class AsyncLLMEngine:
             for q in self._queues.values():
                 q.put_nowait(RuntimeError(f"engine failure: {e!r}"))
             self._queues.clear()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            q = self._queues.get(out.request_id)
+            if q is not None:
+                q.put_nowait(out)
+                if out.finished:
+                    self._queues.pop(out.request_id, None)

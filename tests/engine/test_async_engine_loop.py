@@ -1,0 +1,102 @@
+"""AsyncLLMEngine's loop: the next engine step is already running while the streams handle the last
+step's outputs, so their host work (SSE chunks, JSON) overlaps the step instead of delaying it. An engine
+stand-in records when each step starts; a stream that blocks its thread (as CPU-bound SSE work does)
+must still see the next step start. Outputs arrive complete and in order, and an abort stops a request."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+from jaxllm.engine.async_engine import AsyncLLMEngine
+from jaxllm.sampling_params import SamplingParams
+
+
+class StepRecordingEngine:
+    """Each request yields `length` outputs, one per step; `entered[k]` is set when step k starts."""
+
+    def __init__(self, length: int = 4):
+        self.length = length
+        self.tokenizer = None
+        self.config = SimpleNamespace(model=SimpleNamespace(served_model_name="stand-in"))
+        self.loaded = SimpleNamespace(model_name="stand-in", arch=SimpleNamespace(vocab_size=16))
+        self.max_model_len = 64
+        self.startup_info = {}
+        self.last_step_tokens = 0
+        self.left: dict[str, int] = {}
+        self.entered = [threading.Event() for _ in range(64)]
+        self.steps = 0
+
+    def prepare_request(self, request_id, prompt, params, priority=0):
+        return SimpleNamespace(request_id=request_id)
+
+    def enqueue(self, parent):
+        self.left[parent.request_id] = self.length
+
+    def abort_request(self, request_ids):
+        for rid in request_ids:
+            self.left.pop(rid, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.left)
+
+    def step(self):
+        k = self.steps
+        self.steps += 1
+        self.entered[k].set()
+        outs = []
+        for rid in sorted(self.left):
+            self.left[rid] -= 1
+            finished = self.left[rid] == 0
+            if finished:
+                del self.left[rid]
+            outs.append(SimpleNamespace(request_id=rid, finished=finished, step=k))
+        self.last_step_tokens = len(outs)
+        return outs
+
+
+async def _collect(engine, rid, block_on_next_step=None):
+    steps = []
+    async for out in engine.generate([1, 2, 3], SamplingParams(max_tokens=4), rid):
+        if block_on_next_step is not None and not out.finished:
+            # A blocking wait on the event loop's thread: nothing else of the loop runs meanwhile.
+            assert block_on_next_step.entered[out.step + 1].wait(timeout=5), (
+                f"step {out.step + 1} not started"
+            )
+        steps.append(out.step)
+    return steps
+
+
+def test_next_step_runs_while_streams_handle_outputs():
+    async def main():
+        stand_in = StepRecordingEngine(length=4)
+        engine = AsyncLLMEngine(stand_in)
+        await engine.start()
+        try:
+            return await _collect(engine, "r0", block_on_next_step=stand_in)
+        finally:
+            await engine.shutdown(drain_timeout_s=1)
+
+    assert asyncio.run(main()) == [0, 1, 2, 3]
+
+
+def test_every_output_arrives_in_order_and_abort_stops_a_request():
+    async def main():
+        stand_in = StepRecordingEngine(length=6)
+        engine = AsyncLLMEngine(stand_in)
+        await engine.start()
+        try:
+            full = asyncio.create_task(_collect(engine, "a"))
+            stream = engine.generate([1], SamplingParams(max_tokens=6), "b")
+            first = await stream.__anext__()
+            await stream.aclose()  # the client went away: the request is aborted
+            steps = await full
+            return steps, first, stand_in
+        finally:
+            await engine.shutdown(drain_timeout_s=1)
+
+    steps, first, stand_in = asyncio.run(main())
+    assert steps == sorted(steps) and len(steps) == 6 and steps == list(range(steps[0], steps[0] + 6))
+    assert first.request_id == "b" and not first.finished
+    assert "b" not in stand_in.left  # aborted, not run to its end
