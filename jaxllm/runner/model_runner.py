@@ -19,8 +19,10 @@ makes a restart cheap. Prompt logprobs use a separate all-rows logits variant, c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -237,15 +239,20 @@ class ModelRunner:
     def _compile_in_background(self, todo: dict, workers: int) -> None:
         """Compile the sampler variants `todo` ((S, flags) -> logits spec) on background threads. Each goes
         into _ahead_sample when done; _sample_step waits on one still compiling. At interpreter exit the
-        workers finish the variant in hand and drop the rest."""
+        queued variants are cancelled and the workers finish only the one in hand (a short script does
+        not wait for them: concurrent.futures alone would run the whole queue before exiting)."""
         if not todo:
             return
         t0 = time.perf_counter()
         self._background = ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile-later")
+        # Runs before concurrent.futures' own exit hook (these hooks run last-registered first).
+        threading._register_atexit(
+            functools.partial(self._background.shutdown, wait=False, cancel_futures=True)
+        )
         left = [len(todo)]
 
         def done(key, fut):
-            if fut.exception() is None:  # a failed variant compiles through jit when first used
+            if not fut.cancelled() and fut.exception() is None:  # a failed one compiles through jit
                 self._ahead_sample[key] = fut.result()
             self._pending_sample.pop(key, None)
             left[0] -= 1
@@ -264,7 +271,8 @@ class ModelRunner:
     def wait_for_background_compiles(self) -> None:
         """Block until every sampler variant compile_all left to the background is compiled."""
         for fut in list(self._pending_sample.values()):
-            fut.exception()  # waits; a failure is left to jit at first use
+            if not fut.cancelled():
+                fut.exception()  # waits; a failure is left to jit at first use
 
     def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
         """The sampler variant `flags` for logits of this shape, compiled ahead."""
@@ -305,7 +313,7 @@ class ModelRunner:
         key = (logits.shape[0], flags)
         ahead = self._ahead_sample.get(key)
         if ahead is None and (pending := self._pending_sample.get(key)) is not None:
-            if pending.exception() is None:  # still compiling in the background: wait for it
+            if not pending.cancelled() and pending.exception() is None:  # compiling: wait for it
                 ahead = pending.result()
         return ahead(logits, smd) if ahead is not None else self._sample(logits, smd, flags=flags)
 

@@ -5,8 +5,11 @@ one variant at a time through jit, with a warning, and the outputs still match."
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,3 +96,42 @@ def test_failed_parallel_compile_falls_back(tiny_llama_dir, jax_cache_dir, jit_t
     assert runner._ahead_model == {} and runner._ahead_sample == {}
     assert runner._model_step._cache_size() == len(runner.plan.all_shapes())
     assert _greedy(llm) == jit_tokens
+
+
+EXIT_CHILD = """
+import sys, time
+from jaxllm import LLM
+from jaxllm.runner.model_runner import ModelRunner
+
+compile_sampler = ModelRunner._compile_sampler
+
+def slow_for_later_variants(self, logits, flags):
+    if not flags.needed_at_start:
+        time.sleep(2.0)
+    return compile_sampler(self, logits, flags)
+
+ModelRunner._compile_sampler = slow_for_later_variants
+llm = LLM(sys.argv[1], dtype="float32", max_model_len=256, compilation_cache_dir=sys.argv[2],
+          compile_ahead=True, max_num_seqs=16, max_num_batched_tokens=64)
+runner = llm.llm_engine.runner
+print("READY", runner.num_compiling_in_background(), runner._background._max_workers, time.time(), flush=True)
+"""
+
+
+def test_exit_does_not_wait_for_queued_background_compiles(tiny_llama_dir, jax_cache_dir, tmp_path):
+    """A script that ends right after the engine is ready exits once the variants in hand are done; the
+    queued ones (here 2 s each, minutes in all) are cancelled, not run."""
+    script = tmp_path / "child.py"
+    script.write_text(EXIT_CHILD)
+    proc = subprocess.run(
+        [sys.executable, str(script), tiny_llama_dir, jax_cache_dir],
+        capture_output=True, text=True, timeout=600, cwd=str(Path(__file__).resolve().parents[2]),
+    )  # fmt: skip
+    exited = time.time()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("READY"))
+    _, pending, workers, ready = line.split()
+    queue_s = int(pending) * 2.0 / int(workers)  # what running the whole queue would take
+    took = exited - float(ready)
+    assert queue_s >= 12.0, line
+    assert took < min(2.0 + 5.0, queue_s / 2), f"exit took {took:.1f} s; the queue was {queue_s:.0f} s"
