@@ -107,7 +107,7 @@ compile_sampler = ModelRunner._compile_sampler
 
 def slow_for_later_variants(self, logits, flags):
     if not flags.needed_at_start:
-        time.sleep(2.0)
+        time.sleep(4.0)
     return compile_sampler(self, logits, flags)
 
 ModelRunner._compile_sampler = slow_for_later_variants
@@ -120,7 +120,7 @@ print("READY", runner.num_compiling_in_background(), runner._background._max_wor
 
 def test_exit_does_not_wait_for_queued_background_compiles(tiny_llama_dir, jax_cache_dir, tmp_path):
     """A script that ends right after the engine is ready exits once the variants in hand are done; the
-    queued ones (here 2 s each, minutes in all) are cancelled, not run."""
+    queued ones (here 4 s each, a minute or more in all) are cancelled, not run."""
     script = tmp_path / "child.py"
     script.write_text(EXIT_CHILD)
     proc = subprocess.run(
@@ -131,7 +131,8 @@ def test_exit_does_not_wait_for_queued_background_compiles(tiny_llama_dir, jax_c
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("READY"))
     _, pending, workers, ready = line.split()
-    queue_s = int(pending) * 2.0 / int(workers)  # what running the whole queue would take
+    queue_s = int(pending) * 4.0 / int(workers)  # what running the whole queue would take
     took = exited - float(ready)
-    assert queue_s >= 12.0, line
-    assert took < min(2.0 + 5.0, queue_s / 2), f"exit took {took:.1f} s; the queue was {queue_s:.0f} s"
+    assert queue_s >= 30.0, line
+    # The variant in hand (4 s) and the interpreter's teardown, with room for a slow machine.
+    assert took < min(4.0 + 12.0, queue_s / 2), f"exit took {took:.1f} s; the queue was {queue_s:.0f} s"
