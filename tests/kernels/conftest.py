@@ -14,9 +14,13 @@ def pytest_addoption(parser):
     parser.addoption("--gpu", action="store_true", default=False, help="run kernel tests compiled on the GPU")
 
 
+def _gpu_requested(config) -> bool:
+    return bool(config.getoption("--gpu", default=False)) or os.environ.get("JAXLLM_KERNEL_GPU") == "1"
+
+
 @pytest.fixture(scope="session")
 def on_gpu(request) -> bool:
-    flag = request.config.getoption("--gpu", default=False) or os.environ.get("JAXLLM_KERNEL_GPU") == "1"
+    flag = _gpu_requested(request.config)
     if flag:
         import jax
 
@@ -35,7 +39,7 @@ def pytest_pyfunc_call(pyfuncitem):
     """Tests marked own_process run in a child process with a time limit on the CPU (own_process.py)."""
     if pyfuncitem.get_closest_marker("own_process") is None or own_process.in_child():
         return None
-    if pyfuncitem.config.getoption("--gpu", default=False) or os.environ.get("JAXLLM_KERNEL_GPU") == "1":
+    if _gpu_requested(pyfuncitem.config):
         return None  # compiled on the GPU: no interpreter threads
     own_process.run_in_own_process(pyfuncitem)
     return True

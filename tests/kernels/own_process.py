@@ -41,13 +41,18 @@ def _run_child(item: pytest.Item, timeout_s: float) -> tuple[str, str]:
             cmd, cwd=item.config.rootpath, env=env, capture_output=True, text=True, timeout=timeout_s
         )
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return "hung", out + err
+        return "hung", _text(e.stdout) + _text(e.stderr)
     out = proc.stdout + proc.stderr
     if proc.returncode == 0:
         return ("skipped" if " skipped" in out and " passed" not in out else "passed"), out
     return "failed", out
+
+
+def _text(captured: str | bytes | None) -> str:
+    """What a killed child wrote (TimeoutExpired holds bytes even when the run asked for text)."""
+    if isinstance(captured, bytes):
+        return captured.decode(errors="replace")
+    return captured or ""
 
 
 def run_in_own_process(item: pytest.Item) -> None:
