@@ -11,7 +11,8 @@ Every bucket of the model step and the sampler variants every workload uses (gre
 sampling, with or without top-k / top-p) are compiled before the engine is ready by `compile_all` unless
 `enforce_eager`: all of them at once on a thread pool (XLA compiles, and loads from the persistent
 compilation cache, outside the GIL), kept as compiled executables that the step calls directly. The
-other sampler variants (penalties, logprobs: 3 in 4 of them) compile after that on background threads;
+other sampler variants (penalties, logprobs: 3 in 4 of them) are traced before ready too, and compile
+after it on background threads (tracing holds the GIL, which the steps need; XLA's compilation does not);
 a step that needs one first waits for its compile instead of compiling it again. The persistent cache
 makes a restart cheap. Prompt logprobs use a separate all-rows logits variant, compiled on first use.
 """
@@ -232,12 +233,16 @@ class ModelRunner:
                         samplers[key] = pool.submit(self._compile_sampler, logits, flags)
                     else:
                         later[key] = logits
+            # The later variants are traced here, before ready, while the pool compiles: tracing holds the
+            # GIL, and on background threads it took the GIL from the first steps (H200, c=1 while they
+            # compiled: 112 against 210 tok/s). XLA's compilation, left to the background, does not hold it.
+            lowered = {key: self._lower_sampler(logits, key[1]) for key, logits in later.items()}
             self._ahead_model = {shape: f.result() for shape, f in models.items()}
             self._ahead_sample = {key: f.result() for key, f in samplers.items()}
-        self._compile_in_background(later, max(1, min(4, workers // 2)))
+        self._compile_in_background(lowered, max(1, min(4, workers // 2)))
 
     def _compile_in_background(self, todo: dict, workers: int) -> None:
-        """Compile the sampler variants `todo` ((S, flags) -> logits spec) on background threads. Each goes
+        """Compile the sampler variants `todo` ((S, flags) -> jax Lowered) on background threads. Each goes
         into _ahead_sample when done; _sample_step waits on one still compiling. At interpreter exit the
         queued variants are cancelled and the workers finish only the one in hand (a short script does
         not wait for them: concurrent.futures alone would run the whole queue before exiting)."""
@@ -262,8 +267,8 @@ class ModelRunner:
                     len(todo), time.perf_counter() - t0,
                 )  # fmt: skip
 
-        for key, logits in todo.items():
-            fut = self._background.submit(self._compile_sampler, logits, key[1])
+        for key, lowered in todo.items():
+            fut = self._background.submit(self._compile_lowered, lowered, key[1])
             self._pending_sample[key] = fut
             fut.add_done_callback(lambda f, key=key: done(key, f))
         self._background.shutdown(wait=False)  # takes no more work; the queued variants still compile
@@ -276,11 +281,21 @@ class ModelRunner:
 
     def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
         """The sampler variant `flags` for logits of this shape, compiled ahead."""
+        return self._compile_lowered(self._lower_sampler(logits, flags), flags)
+
+    def _lower_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
+        """The sampler variant `flags` traced and lowered for logits of this shape (Python: holds the GIL)."""
         smd = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
             self._empty_sampling_metadata(logits.shape[0], flags),
         )
-        return self._sample.lower(logits, smd, flags=flags).compile()
+        return self._sample.lower(logits, smd, flags=flags)
+
+    @staticmethod
+    def _compile_lowered(lowered, flags: SamplerFlags):
+        """XLA's compilation of a lowered sampler variant (or its load from the persistent cache); `flags`
+        names the variant."""
+        return lowered.compile()
 
     def _warm_sequentially(self) -> None:
         for t, s, b in self.plan.all_shapes():

@@ -68,20 +68,41 @@ def test_a_step_waits_for_a_variant_still_compiling(tiny_llama_dir, jax_cache_di
     """A request that needs a sampler variant still compiling in the background waits for it: same
     tokens, and jit compiles nothing of its own."""
     started = threading.Event()
-    compile_sampler = ModelRunner._compile_sampler
+    compile_lowered = ModelRunner._compile_lowered
 
-    def slow_for_later_variants(self, logits, flags):
+    def slow_for_later_variants(lowered, flags):
         if not flags.needed_at_start:
             started.set()
             time.sleep(0.5)
-        return compile_sampler(self, logits, flags)
+        return compile_lowered(lowered, flags)
 
-    monkeypatch.setattr(ModelRunner, "_compile_sampler", slow_for_later_variants)
+    monkeypatch.setattr(ModelRunner, "_compile_lowered", staticmethod(slow_for_later_variants))
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
     runner = llm.llm_engine.runner
     assert started.wait(30) and runner.num_compiling_in_background() > 0
     assert _greedy(llm) == jit_tokens  # logprobs=2: a variant compiled after ready
     assert runner._sample._cache_size() == 0
+
+
+def test_background_threads_only_compile(tiny_llama_dir, jax_cache_dir, monkeypatch):
+    """Every sampler variant is traced before ready, on the thread that builds the engine or its compile
+    pool, never on the background threads that run after ready (tracing holds the GIL the steps need)."""
+    traced_on = []
+    lower_sampler = ModelRunner._lower_sampler
+
+    def recording(self, logits, flags):
+        traced_on.append((threading.current_thread().name, flags.needed_at_start))
+        return lower_sampler(self, logits, flags)
+
+    monkeypatch.setattr(ModelRunner, "_lower_sampler", recording)
+    llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
+    runner = llm.llm_engine.runner
+    runner.wait_for_background_compiles()
+    every = {(s, f) for _, s, _ in runner.plan.all_shapes() for f in SamplerFlags.all_variants(MAX_LOGPROBS)}
+    assert set(runner._ahead_sample) == every
+    later = [name for name, at_start in traced_on if not at_start]
+    assert len(later) == sum(not f.needed_at_start for _, f in every)
+    assert not [name for name, _ in traced_on if name.startswith("jaxllm-compile-later")], traced_on
 
 
 def test_failed_parallel_compile_falls_back(tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch, caplog):
@@ -103,14 +124,14 @@ import sys, time
 from jaxllm import LLM
 from jaxllm.runner.model_runner import ModelRunner
 
-compile_sampler = ModelRunner._compile_sampler
+compile_lowered = ModelRunner._compile_lowered
 
-def slow_for_later_variants(self, logits, flags):
+def slow_for_later_variants(lowered, flags):
     if not flags.needed_at_start:
         time.sleep(4.0)
-    return compile_sampler(self, logits, flags)
+    return compile_lowered(lowered, flags)
 
-ModelRunner._compile_sampler = slow_for_later_variants
+ModelRunner._compile_lowered = staticmethod(slow_for_later_variants)
 llm = LLM(sys.argv[1], dtype="float32", max_model_len=256, compilation_cache_dir=sys.argv[2],
           compile_ahead=True, max_num_seqs=16, max_num_batched_tokens=64)
 runner = llm.llm_engine.runner
