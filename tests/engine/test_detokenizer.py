@@ -11,7 +11,12 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from jaxllm.engine.detokenizer import IncrementalDetokenizer, check_stop_strings, stop_holdback_len
+from jaxllm.engine.detokenizer import (
+    IncrementalDetokenizer,
+    check_stop_strings,
+    rust_decoder,
+    stop_holdback_len,
+)
 
 CORPUS = [
     "héllo 世界 🙂 hello world, the quick brown fox jumps over the lazy dog.",
@@ -190,3 +195,28 @@ def test_embedded_model_tokenizer(gguf_tokenizer):
         deltas, rest, _ = _stream(tok, prompt, ids, skip_special_tokens=skip)
         assert "".join(deltas) + rest == tok.decode(ids, skip_special_tokens=skip)
         assert rest == "" and not any("\ufffd" in x for x in deltas)
+
+
+def test_fast_tokenizers_decode_in_rust_and_others_through_decode(bpe, gguf_tokenizer):
+    """A transformers fast tokenizer's windows go to its Rust tokenizer (same text as `decode`, above);
+    a class with its own `_decode` keeps it, and so does anything without a Rust tokenizer."""
+    assert rust_decoder(bpe) is bpe._tokenizer
+    assert rust_decoder(gguf_tokenizer) is gguf_tokenizer._tokenizer
+
+    class Shouting(PreTrainedTokenizerFast):
+        def _decode(self, token_ids, **kwargs):
+            return super()._decode(token_ids, **kwargs).upper()
+
+    loud = Shouting(tokenizer_object=bpe._tokenizer, eos_token="<eos>")
+    assert rust_decoder(loud) is None
+    ids = bpe.encode("hello world")
+    deltas, rest, _ = _stream(loud, [], ids)
+    assert "".join(deltas) + rest == "HELLO WORLD"
+
+    class Plain:  # decode only
+        def decode(self, ids, **kwargs):
+            return bpe.decode(ids, **kwargs)
+
+    assert rust_decoder(Plain()) is None
+    deltas, rest, _ = _stream(Plain(), [], ids)
+    assert "".join(deltas) + rest == "hello world"
