@@ -118,6 +118,11 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sweep-deadline", type=float, default=None, help="Unix time by which the runs must end")
     p.add_argument(
+        "--gpu-util-interval", type=float, default=0.5,
+        help="seconds between nvidia-smi polls for the GPU utilization column; 0 leaves it out "
+        "(each poll runs nvidia-smi on the server's machine)",
+    )  # fmt: skip
+    p.add_argument(
         "--target",
         nargs="+",
         default=[],
@@ -495,7 +500,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.sweep_deadline is not None and time.time() >= args.sweep_deadline:
                 print(f"== concurrency {conc}: skipped, the sweep deadline has passed")
                 continue
-            with GpuMonitor() as gpu:
+            with GpuMonitor(args.gpu_util_interval) as gpu:
                 timings, duration = load(reqs, conc)
             m = serving_metrics(timings, duration, goodput)
             roof = roofline_for(shape, timings, reqs, conc or len(reqs), duration, hw)

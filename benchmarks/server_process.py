@@ -202,7 +202,7 @@ class GpuMonitor:
     def __init__(self, interval_s: float = 0.5):
         self.interval_s = interval_s
         self.samples: list[float] = []
-        self.available = shutil.which("nvidia-smi") is not None
+        self.available = interval_s > 0 and shutil.which("nvidia-smi") is not None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

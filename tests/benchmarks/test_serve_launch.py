@@ -218,3 +218,25 @@ def test_level_cut_at_the_deadline(tokenizer_dir, tmp_path):
             serve.main([*argv, "--sweep-deadline", str(time.time() - 1), "--no-save"])
     finally:
         server.stop()
+
+
+def test_gpu_monitor_polls_nvidia_smi_unless_the_interval_is_zero(monkeypatch):
+    import subprocess as sp
+
+    from benchmarks import server_process
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd[0])
+        return sp.CompletedProcess(cmd, 0, stdout="40\n60\n", stderr="")
+
+    monkeypatch.setattr(server_process.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(server_process.subprocess, "run", fake_run)
+    with server_process.GpuMonitor(0) as off:
+        time.sleep(0.05)
+    assert calls == [] and off.mean() is None
+    with server_process.GpuMonitor(0.01) as on:
+        time.sleep(0.1)
+    assert calls and set(calls) == {"nvidia-smi"}
+    assert on.mean() == 50.0  # the mean over both GPUs of every sample
