@@ -54,6 +54,7 @@ from benchmarks.server_process import (
     engine_startup_from_log,
     flag_value,
     launch_server,
+    wait_for_background_compiles,
     write_synthetic_tokenizer,
 )
 from benchmarks.startup import startup_table
@@ -117,6 +118,11 @@ def make_parser() -> argparse.ArgumentParser:
         "--warmup-prompts", type=int, default=0, help="untimed requests before the first level (GPU clocks)"
     )
     p.add_argument("--sweep-deadline", type=float, default=None, help="Unix time by which the runs must end")
+    p.add_argument(
+        "--compile-wait-s", type=float, default=180.0,
+        help="before the timed runs, wait up to this long for the server's background compiles "
+        "(jaxllm:num_compiling_in_background on /metrics; other servers: no wait); 0: do not wait",
+    )  # fmt: skip
     p.add_argument(
         "--gpu-util-interval", type=float, default=0.5,
         help="seconds between nvidia-smi polls for the GPU utilization column; 0 leaves it out "
@@ -380,10 +386,19 @@ def server_startup(server, command: str, cache_files_before: int | None) -> dict
 
 
 def build_result(
-    args: argparse.Namespace, name: str, shape_name: str | None, runs: list[dict], startup: dict | None
+    args: argparse.Namespace,
+    name: str,
+    shape_name: str | None,
+    runs: list[dict],
+    startup: dict | None,
+    compile_wait_s: float | None = None,
 ) -> dict[str, Any]:
     args_d = {**vars(args), "request_rate": str(args.request_rate)}
-    extra = {"server_ready_s": startup["ready_s"] if startup else None, "server_startup": startup}
+    extra = {
+        "server_ready_s": startup["ready_s"] if startup else None,
+        "server_startup": startup,
+        "background_compile_wait_s": compile_wait_s,
+    }
     if not args.sweep_concurrency:
         r = runs[0]
         results = {**r["metrics"], "gpu_util_pct": r["gpu_util_pct"], "errors": r["errors"]}
@@ -495,6 +510,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.warmup_prompts > 0:
             _, secs = load(warmup, max(c or len(warmup) for c in levels), False)
             print(f"warm-up: {len(warmup)} requests in {secs:.1f} s (not counted)")
+        waited = None
+        if args.compile_wait_s > 0:
+            status = wait_for_background_compiles(args.base_url, args.compile_wait_s)
+            if status is not None:
+                waited, left = status
+                print(
+                    f"waited {waited:.1f} s for the server's background compiles"
+                    + (f"; {left} still compiling (--compile-wait-s)" if left else "")
+                )
 
         for conc, reqs in zip(levels, per_level, strict=True):
             if args.sweep_deadline is not None and time.time() >= args.sweep_deadline:
@@ -521,7 +545,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "cut": cut,
                 }
             )
-            result = build_result(args, name, shape_name, runs, startup)
+            result = build_result(args, name, shape_name, runs, startup, waited)
             if not args.no_save:
                 result["path"] = str(save_result(result, args.output_json))
     finally:

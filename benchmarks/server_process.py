@@ -68,6 +68,36 @@ def wait_for_health(base_url: str, timeout_s: float, proc: subprocess.Popen | No
             time.sleep(0.25)
 
 
+def background_compiles(base_url: str) -> int | None:
+    """The server's `jaxllm:num_compiling_in_background` gauge (summed over its label sets), or None when
+    /metrics does not answer or has no such gauge (another server)."""
+    try:
+        text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return None
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("jaxllm:num_compiling_in_background")
+    ]
+    return int(sum(values)) if values else None
+
+
+def wait_for_background_compiles(
+    base_url: str, timeout_s: float, poll_s: float = 0.5
+) -> tuple[float, int] | None:
+    """(seconds waited, variants still compiling) once the server's background compiles are done or
+    `timeout_s` has passed; None when the server does not report them."""
+    t0 = time.perf_counter()
+    pending = background_compiles(base_url)
+    if pending is None:
+        return None
+    while pending and time.perf_counter() - t0 < timeout_s:
+        time.sleep(poll_s)
+        pending = background_compiles(base_url) or 0
+    return time.perf_counter() - t0, pending
+
+
 def launch_server(
     command: str,
     base_url: str,

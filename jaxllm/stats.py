@@ -18,3 +18,4 @@ class EngineStats:
     generation_tokens: int = 0  # cumulative tokens generated
     num_gpu_blocks: int = 0
     block_size: int = 16
+    num_compiling_in_background: int = 0  # sampler variants still compiling after ready (start-up only)

@@ -94,6 +94,12 @@ class _EngineStatsCollector:
         yield gauge(
             "gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage
         )
+        yield gauge(
+            "num_compiling_in_background",
+            "Sampler variants (penalties, logprobs) still compiling after the server became ready; steps "
+            "run alongside them, slower on a first start with an empty compilation cache.",
+            s.num_compiling_in_background,
+        )
         yield counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries
         )

@@ -363,4 +363,6 @@ class LLMEngine:
         return outputs
 
     def get_stats(self) -> EngineStats:
-        return self.scheduler.get_stats()
+        stats = self.scheduler.get_stats()
+        stats.num_compiling_in_background = self.runner.num_compiling_in_background()
+        return stats

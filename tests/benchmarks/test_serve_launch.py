@@ -240,3 +240,33 @@ def test_gpu_monitor_polls_nvidia_smi_unless_the_interval_is_zero(monkeypatch):
         time.sleep(0.1)
     assert calls and set(calls) == {"nvidia-smi"}
     assert on.mean() == 50.0  # the mean over both GPUs of every sample
+
+
+def test_waits_for_the_servers_background_compiles(monkeypatch):
+    """serve.py's wait before the timed runs: it reads jaxllm:num_compiling_in_background from /metrics
+    until it is 0, gives up at its limit, and does not wait on a server without the gauge."""
+    from benchmarks import server_process
+
+    pages = []
+
+    class Page:
+        def __init__(self, text):
+            self.text = text
+
+    def fake_get(url, **kwargs):
+        assert url == "http://h:1/metrics"
+        return Page(pages.pop(0) if len(pages) > 1 else pages[0])
+
+    monkeypatch.setattr(server_process.httpx, "get", fake_get)
+    gauge = 'jaxllm:num_compiling_in_background{{model_name="m"}} {}\n'
+    head = "# HELP jaxllm:num_compiling_in_background x\n# TYPE jaxllm:num_compiling_in_background gauge\n"
+    pages[:] = [head + gauge.format("5.0"), head + gauge.format("2.0"), head + gauge.format("0.0")]
+    waited, left = server_process.wait_for_background_compiles("http://h:1", 10.0, poll_s=0.01)
+    assert left == 0 and 0.015 < waited < 5.0 and pages == [head + gauge.format("0.0")]
+
+    pages[:] = [head + gauge.format("4.0")]  # never done: gives up at the limit
+    waited, left = server_process.wait_for_background_compiles("http://h:1", 0.1, poll_s=0.01)
+    assert left == 4 and waited >= 0.1
+
+    pages[:] = ["vllm:num_requests_running 0.0\n"]  # another server: no wait
+    assert server_process.wait_for_background_compiles("http://h:1", 10.0) is None

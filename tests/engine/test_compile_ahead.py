@@ -80,8 +80,11 @@ def test_a_step_waits_for_a_variant_still_compiling(tiny_llama_dir, jax_cache_di
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
     runner = llm.llm_engine.runner
     assert started.wait(30) and runner.num_compiling_in_background() > 0
+    assert llm.llm_engine.get_stats().num_compiling_in_background > 0  # what /metrics reports
     assert _greedy(llm) == jit_tokens  # logprobs=2: a variant compiled after ready
     assert runner._sample._cache_size() == 0
+    runner.wait_for_background_compiles()
+    assert llm.llm_engine.get_stats().num_compiling_in_background == 0
 
 
 def test_background_threads_only_compile(tiny_llama_dir, jax_cache_dir, monkeypatch):

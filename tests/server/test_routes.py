@@ -227,6 +227,18 @@ def test_metrics(client, engine):
     )
 
 
+def test_metrics_report_background_compiles(client, engine):
+    engine._stats.num_compiling_in_background = 3
+    try:
+        text = client.get("/metrics").text
+        assert f'jaxllm:num_compiling_in_background{{model_name="{engine.model_name}"}} 3.0' in text
+    finally:
+        engine._stats.num_compiling_in_background = 0
+    assert f'jaxllm:num_compiling_in_background{{model_name="{engine.model_name}"}} 0.0' in client.get(
+        "/metrics"
+    ).text
+
+
 def test_stats_logger_throughput(client, engine):
     from server.metrics import StatsLogger
 
