@@ -87,6 +87,8 @@ def main(argv=None) -> None:
     p.add_argument("--model-name", default="tiny-llama")
     p.add_argument("--vocab-size", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--loop", default="auto", help="uvicorn's event loop: auto (uvloop if installed), asyncio, uvloop")
+    p.add_argument("--http", default="auto", help="uvicorn's HTTP parser: auto (httptools if installed), h11, httptools")
     args = p.parse_args(argv)
 
     import uvicorn
@@ -96,7 +98,7 @@ def main(argv=None) -> None:
 
     inner = DeviceTimeEngine(args.device_ms / 1e3, args.vocab_size, args.max_model_len, args.model_name)
     app = build_app(AsyncLLMEngine(inner))
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", loop=args.loop, http=args.http)
 
 
 if __name__ == "__main__":
