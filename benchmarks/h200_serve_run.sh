@@ -17,6 +17,7 @@
 # run.log; a markdown table last. Every phase ends by a deadline inside BUDGET_S seconds: a level still
 # running at the sweep deadline is cut (marked "cut"), later ones are skipped. The random-weight preset has
 # no tokenizer; a word-level one of its vocabulary is written for the server (--synthetic-tokenizer).
+# GPU_UTIL_INTERVAL sets serve.py's nvidia-smi poll period for the sweep (0: off; it costs ~2% at c=1).
 # The same path on a CPU, small:
 #   PYTHON=.venv/bin/python JAX_PLATFORMS=cpu MODEL=tiny-llama INPUT_LEN=32 OUTPUT_LEN=16 LEVELS=1,4 \
 #   PROMPTS=2,8 WARMUP=2 MAX_MODEL_LEN=64 MAX_SEQS=8 MAX_TOKENS=64 DTYPE=float32 CACHE_DIR=/tmp/jx \
@@ -70,7 +71,8 @@ run() {
     --launch-timeout $((left - 20)) --server-log "$OUT/server-sweep.log" --synthetic-tokenizer "$TOK" \
     --shape-model "$MODEL" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" \
     --sweep-concurrency "$LEVELS" --sweep-num-prompts "$PROMPTS" --warmup-prompts "$WARMUP" \
-    --sweep-deadline "$deadline" --target "${TARGETS[@]}" --name "serve-$TAG-sweep" --output-json "$serve_json"
+    --sweep-deadline "$deadline" --target "${TARGETS[@]}" --name "serve-$TAG-sweep" --output-json "$serve_json" \
+    ${GPU_UTIL_INTERVAL:+--gpu-util-interval "$GPU_UTIL_INTERVAL"}
   echo "serve.py exit code $?"
 
   # 2. Restart once on the same cache: time to /health 200 (warm startup).

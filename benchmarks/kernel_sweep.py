@@ -6,6 +6,8 @@ as in the engine's step); time per layer = step time / L. L = min(8, what fits i
 layer streams its pages from HBM, not L2, and the host dispatch is paid once per step. The number is
 the median of --reps rounds after a warm-up; bandwidth = KV bytes of one layer / time per layer.
 Shapes: Llama-3.1-8B heads (32 q, 8 kv, d 128), page 16, bf16, every sequence at the full context.
+Block tables are as wide as the context unless --table-pages widens ours (JAX's kernel gets the context's
+columns), as the engine's, whose tables are max_model_len / 16 wide.
 
 Compared in the same run, timed the same way: our loop variants and tile configs (VARIANTS, on the
 MAIN shapes; the default config alone on the GRID cells), JAX's Pallas paged_attention over its knobs
@@ -87,6 +89,15 @@ VARIANTS = {
     "masked+pf/ks*2": dict(_PF, ks_scale=2),
     "masked+pf/ppb4s3/ks*2": dict(_PF, pages_per_block=4, num_stages=3, ks_scale=2),
     "masked+pf/ppb4s3/ks*4": dict(_PF, pages_per_block=4, num_stages=3, ks_scale=4),  # JAX's best: 4 splits
+    # Few sequences (b <= 32): more splits of shorter runs, smaller key steps.
+    "default/ks*4": dict(ks_scale=4),
+    "default/ks*8": dict(ks_scale=8),
+    "default/ppb2": dict(pages_per_block=2),
+    "default/ppb2/ks*2": dict(pages_per_block=2, ks_scale=2),
+    "default/ppb2/ks*4": dict(pages_per_block=2, ks_scale=4),
+    "default/ppb2s3/ks*4": dict(pages_per_block=2, num_stages=3, ks_scale=4),
+    "default/ppb1/ks*8": dict(pages_per_block=1, ks_scale=8),
+    "default/ks*4/w2": dict(ks_scale=4, num_warps=2),
 }
 JAX_MAIN = [(ppcb, ks, nw, 2) for ppcb in (8, 16) for ks in (4, 16) for nw in (4, 8)]
 JAX_GRID = [(8, 4, 4, 2), (16, 4, 4, 2), (8, 16, 8, 2)]
@@ -97,11 +108,17 @@ N_CHECK_SEQS = 2
 warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")
 
 
-def resolve(knobs, batch, ctx):
+def table_width(ctx, table_pages=None):
+    """Block-table columns of our kernel's table: the context's pages, or --table-pages when wider (the
+    engine's tables are max_model_len / page_size wide whatever the context)."""
+    return max(ctx // PS, table_pages or 0)
+
+
+def resolve(knobs, batch, ctx, table_pages=None):
     """Full static config of a variant at a decode shape (every knob explicit)."""
     knobs = dict(knobs)
     scale = knobs.pop("ks_scale", None)
-    pps = ctx // PS
+    pps = table_width(ctx, table_pages)
     cfg = resolve_config(batch, batch, HQ, HKV, D, PS, pps, **knobs)
     if scale:
         cap = -(-pps // cfg["pages_per_block"])
@@ -168,7 +185,7 @@ class Sweep:
             if not main and name != "default":
                 continue
             try:
-                cfg = resolve(knobs, batch, ctx)
+                cfg = resolve(knobs, batch, ctx, self.args.table_pages)
             except ValueError as e:
                 ours[name] = error_text(e)
                 continue
@@ -191,7 +208,7 @@ class Sweep:
         i32 = jnp.int32
         return (
             q,
-            sds((batch, ctx // PS), i32),
+            sds((batch, table_width(ctx, self.args.table_pages)), i32),
             sds((batch,), i32),
             sds((batch + 1,), i32),
             sds((1,), i32),
@@ -215,7 +232,7 @@ class Sweep:
         def step(meta, kvs):
             q, bt, lens, _, _ = meta
             qs = q * self.scale  # JAX's kernel takes no softmax scale
-            return [g(qs, k, v, bt, lens) for k, v in kvs]
+            return [g(qs, k, v, bt[:, :pps], lens) for k, v in kvs]  # its table: the context's pages
 
         return step
 
@@ -367,7 +384,8 @@ class Sweep:
         ours, jcfgs = self.plan(batch, ctx, main)
         rng = np.random.default_rng(batch * 100003 + ctx)
         q = jax.random.normal(jax.random.key(3), (batch, HQ, D), DT)
-        bt = jnp.asarray(rng.permutation(pool).astype(np.int32).reshape(batch, pps))
+        bt = rng.permutation(pool).astype(np.int32).reshape(batch, pps)
+        bt = jnp.asarray(np.pad(bt, ((0, 0), (0, table_width(ctx, self.args.table_pages) - pps))))
         lens = jnp.full((batch,), ctx, jnp.int32)
         cu = jnp.arange(batch + 1, dtype=jnp.int32)
         meta = (q, bt, lens, cu, jnp.asarray([batch], jnp.int32))
@@ -378,7 +396,7 @@ class Sweep:
         ref_exe, err = self.compiled(("ref", batch, ctx))
         if ref_exe is None:
             raise RuntimeError(f"the reference did not compile: {err}")
-        ref_args = (q[:nc], *kvs[0], lens[:nc], bt[:nc], cu[: nc + 1], jnp.asarray([nc], jnp.int32))
+        ref_args = (q[:nc], *kvs[0], lens[:nc], bt[:nc, :pps], cu[: nc + 1], jnp.asarray([nc], jnp.int32))
         ref = np.asarray(ref_exe(*ref_args), np.float32)
         del ref_args  # holds layer 0's pages, which must go before the dense copies come
         for name, cfg in ours.items():
@@ -564,6 +582,12 @@ def main():
         "--grid", default=None, help="grid shapes as BxCTX,... (default config only); '' for none"
     )
     ap.add_argument("--variants", default=None, help="comma list of VARIANTS names (default: all)")
+    ap.add_argument(
+        "--table-pages",
+        type=int,
+        default=None,
+        help="block-table width of our kernel, as the engine's max_model_len / 16 (default: the context's pages)",
+    )
     ap.add_argument("--pool-gb", type=float, default=20.0, help="K/V bytes of all layers of one step")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4))
     ap.add_argument("--budget-s", type=float, default=120.0, help="past it, only defaults are timed")

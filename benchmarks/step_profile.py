@@ -217,6 +217,12 @@ def main(argv=None) -> dict:
     p.add_argument("--decode", action="append", default=[], help="BATCHxCONTEXT, repeatable")
     p.add_argument("--mixed", action="append", default=[], help="DECODESxCONTEXT+PREFILLSxCHUNK, repeatable")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="default: the longest case + 16; larger widens every block table as a server's would",
+    )
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--trace-dir", default=None, help="keep the raw traces here (one folder per case)")
@@ -229,6 +235,10 @@ def main(argv=None) -> dict:
         d, pf = m.split("+")
         cases.append(("mixed", parse_shape(d), parse_shape(pf)))
     max_len = max(max(c[1][1], c[2][1] if c[2] else 0) for c in cases) + 16
+    if args.max_model_len is not None:  # the block tables' width: max_model_len / block_size pages
+        if args.max_model_len < max_len:
+            p.error(f"--max-model-len {args.max_model_len} is below the longest case ({max_len} with a page)")
+        max_len = args.max_model_len
     max_seqs = max(c[1][0] + (c[2][0] if c[2] else 0) for c in cases)
     max_tokens = max(c[1][0] + (c[2][0] * c[2][1] if c[2] else 0) for c in cases)
 

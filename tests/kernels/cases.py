@@ -44,12 +44,15 @@ def make_problem(
     seed: int = 0,
     pad_rows: int = 3,
     pad_seqs: int = 1,
+    extra_table_pages: int = 1,
 ) -> Problem:
+    """`extra_table_pages`: block-table columns past the longest sequence's pages (the engine's tables are
+    max_model_len / page_size wide, most of them unused)."""
     rng = np.random.default_rng(seed)
     n = len(q_lens)
     s = n + pad_seqs
     pages_needed = [-(-k // page_size) for k in kv_lens]
-    b = max(pages_needed) + 1
+    b = max(pages_needed) + extra_table_pages
     p = sum(pages_needed) + 5
     perm = rng.permutation(p)
     bt = np.zeros((s, b), np.int32)  # unused entries: page 0, which may be some sequence's page

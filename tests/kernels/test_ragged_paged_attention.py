@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
-from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention
+from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention, split_steps
 from tests.kernels.cases import MODES, assert_matches_reference, make_problem, rel_err
 
 TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
@@ -94,6 +94,31 @@ def test_matches_reference_full_grid(case, interpret):
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_loop_variants_match_reference(kw, interpret):
     _check("mixed", jnp.bfloat16, 16, (8, 2), 64, {**kw, "sliding_window": 300}, interpret=interpret, seed=1)
+
+
+@pytest.mark.parametrize("kw", [dict(k_splits=4), dict(k_splits=8, sliding_window=300)], ids=str)
+def test_splits_with_a_wide_block_table(kw, interpret):
+    """Splits cut each sequence's own context, not the block table's width: a table 4x wider than the
+    longest context (as the engine's, max_model_len wide) gives the same answer."""
+    q_lens, kv_lens = MODES["decode"]
+    prob = make_problem(q_lens, kv_lens, hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
+                        extra_table_pages=3 * 64)  # fmt: skip
+    ref_kw = {k: kw[k] for k in ("sliding_window",) if k in kw}
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=0.125, **ref_kw)
+    out = ragged_paged_attention(*prob.args(), sm_scale=0.125, interpret=interpret, **kw)
+    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+
+
+@pytest.mark.parametrize("lo, hi, k", [(0, 10, 8), (0, 40, 2), (3, 4, 4), (5, 5, 3), (2, 33, 5), (0, 7, 1)])
+def test_split_steps_cover_the_range_once(lo, hi, k):
+    """The k runs tile [lo, hi) in order with no overlap; each has at most ceil((hi - lo) / k) steps, so
+    the longest program of an item is as short as the split count allows."""
+    runs = [
+        tuple(int(x) for x in split_steps(jnp.int32(lo), jnp.int32(hi), jnp.int32(c), k)) for c in range(k)
+    ]
+    covered = [i for a, b in runs for i in range(a, b)]
+    assert covered == list(range(lo, hi))
+    assert max(b - a for a, b in runs) == -(-(hi - lo) // k)
 
 
 def test_padding_sequences_and_empty_batch(interpret):
