@@ -37,6 +37,7 @@ from jaxllm.runner.buckets import BucketPlan
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, packed_size, unpack
 from jaxllm.runner.sampler import SamplerFlags, compute_prompt_logprobs, sample
 from jaxllm.runner.sampling_metadata import SamplingRow, build_sampling_metadata
+from jaxllm.runner.xla_options import model_step_options
 from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
 from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -107,9 +108,12 @@ class ModelRunner:
         self.timing = StepTiming()
         self._rows: dict[str, SamplingRow] = {}  # request id -> its sampling row (dropped when finished)
         self.swap: kvc.HostSwapSpace | None = None
-        self._model_step = jax.jit(
-            self._model_step_impl, donate_argnums=(1,), static_argnames=("shape", "all_logits")
+        # The model step, one jit per set of compiler options (xla_options: small buckets merge more dots).
+        step_jit = functools.partial(
+            jax.jit, self._model_step_impl, donate_argnums=(1,), static_argnames=("shape", "all_logits")
         )
+        self._model_step = step_jit()
+        self._model_step_small = step_jit(compiler_options=model_step_options(1))
         # Sampled ids are also returned padded to one width, the next step's `prev_ids` (one shape).
         self.ids_width = max(s for _, s, _ in self.plan.all_shapes())
         self._zero_ids = None
@@ -161,7 +165,8 @@ class ModelRunner:
         packed = sds((packed_size(*shape),), jnp.int32)
         prev = sds((self.ids_width,), jnp.int32)
         params = jax.tree.map(lambda x: sds(x.shape, x.dtype), self.params)
-        compiled = self._model_step.lower(params, kv, packed, prev, shape=shape, all_logits=False).compile()
+        step = self._step_jit(shape)
+        compiled = step.lower(params, kv, packed, prev, shape=shape, all_logits=False).compile()
         model_temp = _memory(compiled, "temp_size_in_bytes")
         # The sampler runs after the forward's temporaries are freed; its widest variant (penalty history,
         # the V-wide sort, logprobs) over the largest bucket's rows can need more (S=1024: several GiB).
@@ -214,9 +219,11 @@ class ModelRunner:
 
         def model(shape):
             packed = sds((packed_size(*shape),), jnp.int32)
-            return self._model_step.lower(
-                self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False
-            ).compile()
+            return (
+                self._step_jit(shape)
+                .lower(self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False)
+                .compile()
+            )
 
         later = {}  # (S, flags) -> the logits the variant takes, compiled after ready
         with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
@@ -325,8 +332,13 @@ class ModelRunner:
         if ahead is not None:
             logits, self.kv_caches = ahead(*args)
         else:
-            logits, self.kv_caches = self._model_step(*args, shape=inputs.shape, all_logits=all_logits)
+            step = self._step_jit(inputs.shape)
+            logits, self.kv_caches = step(*args, shape=inputs.shape, all_logits=all_logits)
         return logits
+
+    def _step_jit(self, shape):
+        """The jitted model step whose compiler options suit the bucket (xla_options)."""
+        return self._model_step_small if model_step_options(shape[0]) else self._model_step
 
     def _sample_step(self, logits, smd, flags: SamplerFlags):
         key = (logits.shape[0], flags)
@@ -442,8 +454,12 @@ class ModelRunner:
         return len(self._pending_sample)
 
     def num_compiled(self) -> int:
-        jitted = sum(f._cache_size() for f in (self._model_step, self._sample, self._prompt_logprobs))
-        return jitted + len(self._ahead_model) + len(self._ahead_sample)
+        jitted = sum(f._cache_size() for f in (self._sample, self._prompt_logprobs))
+        return jitted + self.model_step_traces() + len(self._ahead_model) + len(self._ahead_sample)
+
+    def model_step_traces(self) -> int:
+        """Model-step variants jit compiled on the way (not ahead of time)."""
+        return self._model_step._cache_size() + self._model_step_small._cache_size()
 
 
 def _wants_prompt_logprobs(sr: ScheduledRequest) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jaxllm import LLM, SamplingParams
+from jaxllm.runner.input_batch import empty_step_inputs
 from jaxllm.runner.model_runner import MAX_LOGPROBS, ModelRunner
 from jaxllm.runner.sampler import SamplerFlags
 
@@ -60,7 +61,7 @@ def test_every_variant_is_an_executable_and_outputs_match(tiny_llama_dir, jax_ca
     assert set(runner._ahead_sample) == every and not runner._pending_sample
     # Every step ran an executable compiled ahead: jit never traced the model step nor the sampler
     # (the logprobs variant the requests need was waited for, not compiled twice).
-    assert runner._model_step._cache_size() == 0
+    assert runner.model_step_traces() == 0
     assert runner._sample._cache_size() == 0
 
 
@@ -118,7 +119,7 @@ def test_failed_parallel_compile_falls_back(tiny_llama_dir, jax_cache_dir, jit_t
     assert "parallel ahead-of-time compilation failed" in caplog.text
     runner = llm.llm_engine.runner
     assert runner._ahead_model == {} and runner._ahead_sample == {}
-    assert runner._model_step._cache_size() == len(runner.plan.all_shapes())
+    assert runner.model_step_traces() == len(runner.plan.all_shapes())
     assert _greedy(llm) == jit_tokens
 
 
@@ -160,3 +161,30 @@ def test_exit_does_not_wait_for_queued_background_compiles(tiny_llama_dir, jax_c
     assert queue_s >= 30.0, line
     # The variant in hand (4 s) and the interpreter's teardown, with room for a slow machine.
     assert took < min(4.0 + 12.0, queue_s / 2), f"exit took {took:.1f} s; the queue was {queue_s:.0f} s"
+
+
+def test_small_buckets_compile_with_their_xla_options(tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch):
+    """Token buckets up to SMALL_STEP_TOKENS run the model step jitted with SMALL_STEP_OPTIONS, larger
+    ones with XLA's defaults, and the options reach XLA: an unknown option fails the small steps only."""
+    from jaxllm.runner import xla_options
+
+    assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS) == xla_options.SMALL_STEP_OPTIONS
+    assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS + 1) == {}
+    llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
+    runner = llm.llm_engine.runner
+    assert _greedy(llm) == jit_tokens  # prompts of 5-70 tokens: steps of small and large buckets
+    assert runner._model_step_small._cache_size() >= 1 and runner._model_step._cache_size() >= 1
+    small = [t for t in runner.plan.token_buckets if t <= xla_options.SMALL_STEP_TOKENS]
+    large = [t for t in runner.plan.token_buckets if t > xla_options.SMALL_STEP_TOKENS]
+    assert all(runner._step_jit((t, 1, 1)) is runner._model_step_small for t in small)
+    assert all(runner._step_jit((t, 1, 1)) is runner._model_step for t in large)
+
+    monkeypatch.setattr(xla_options, "SMALL_STEP_OPTIONS", {"no_such_xla_option": 1})
+    bad = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
+    runner = bad.llm_engine.runner
+    with pytest.raises(Exception, match="no_such_xla_option"):  # a small bucket's step
+        runner._run_model(
+            empty_step_inputs(next(sh for sh in runner.plan.all_shapes() if sh[0] in small)), all_logits=False
+        )
+    large_shape = next(sh for sh in runner.plan.all_shapes() if sh[0] in large)
+    runner._run_model(empty_step_inputs(large_shape), all_logits=False)  # XLA's defaults: compiles
