@@ -170,6 +170,7 @@ def test_small_buckets_compile_with_their_xla_options(tiny_llama_dir, jax_cache_
 
     assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS) == xla_options.SMALL_STEP_OPTIONS
     assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS + 1) == {}
+    monkeypatch.setattr(xla_options, "SMALL_STEP_TOKENS", 8)  # this model's buckets: 8 | 32, 64
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
     runner = llm.llm_engine.runner
     assert _greedy(llm) == jit_tokens  # prompts of 5-70 tokens: steps of small and large buckets
