@@ -5,8 +5,12 @@ serving, with the device's time as a known bound.
     python benchmarks/serve.py --base-url http://127.0.0.1:8011 --shape-model tiny-llama \
         --num-prompts 64 --input-len 16 --output-len 64 --sweep-concurrency 1,32
 
-`DeviceTimeEngine.step()` sleeps `--device-ms` without the GIL (as a step waiting on the GPU does) and
-gives every running request one more token. The measured TPOT minus the step's device time is what the
+`DeviceTimeEngine.step()` waits for its previous step's `--device-ms` without the GIL (as a step waiting on
+the GPU does), around `--host-ms` of pure-Python work (the engine's scheduling and output processing,
+GIL held, as LLMEngine.step does with async scheduling), and gives every running request one more token.
+`--switch-interval-ms` sets the interpreter's GIL switch interval (development CPU, c=32, 6 ms device
+steps, 2.5 or 4 ms of host work: TPOT 6.2 / 6.5-6.8 ms with either 5 or 0.5 ms, so the step thread does
+not wait on the event loop's thread for the GIL). The measured TPOT minus the step's device time is what the
 server's host path (engine loop, streams, SSE, HTTP) adds per token at that concurrency: at c=32 on the
 H200, decode steps are busy about 6 ms.
 """
@@ -31,8 +35,10 @@ class DeviceTimeEngine:
     """The LLMEngine surface AsyncLLMEngine and the server use; no model. `step()` waits `device_s`, then
     emits one token (id 7) per running request until its max_tokens."""
 
-    def __init__(self, device_s: float, vocab_size: int, max_model_len: int, name: str):
+    def __init__(self, device_s: float, vocab_size: int, max_model_len: int, name: str, host_s: float = 0.0):
         self.device_s = device_s
+        self.host_s = host_s
+        self._device_free = 0.0  # when the step in flight ends (perf_counter seconds)
         self.tokenizer = None
         self.config = SimpleNamespace(model=SimpleNamespace(served_model_name=name))
         self.loaded = SimpleNamespace(model_name=name, arch=SimpleNamespace(vocab_size=vocab_size))
@@ -62,7 +68,14 @@ class DeviceTimeEngine:
         return EngineStats(num_requests_running=len(self.running), generation_tokens=self.generated)
 
     def step(self) -> list[RequestOutput]:
-        time.sleep(self.device_s)
+        # As LLMEngine.step with async scheduling: host work (GIL held) schedules and dispatches the next
+        # step, the thread waits for the step in flight without the GIL, then host work processes it.
+        _busy(self.host_s / 2)
+        now = time.perf_counter()
+        done, self._device_free = self._device_free, max(self._device_free, now) + self.device_s
+        if done > now:
+            time.sleep(done - now)
+        _busy(self.host_s / 2)
         outs = []
         for rid, r in list(self.running.items()):
             r.out.append(TOKEN)
@@ -80,6 +93,13 @@ class DeviceTimeEngine:
         return outs
 
 
+def _busy(seconds: float) -> None:
+    """Pure-Python work for `seconds`, holding the GIL as the engine's host code does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device-ms", type=float, default=6.0)
@@ -87,16 +107,31 @@ def main(argv=None) -> None:
     p.add_argument("--model-name", default="tiny-llama")
     p.add_argument("--vocab-size", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--loop", default="auto", help="uvicorn's event loop: auto (uvloop if installed), asyncio, uvloop")
-    p.add_argument("--http", default="auto", help="uvicorn's HTTP parser: auto (httptools if installed), h11, httptools")
+    p.add_argument(
+        "--loop", default="auto", help="uvicorn's event loop: auto (uvloop if installed), asyncio, uvloop"
+    )
+    p.add_argument(
+        "--http", default="auto", help="uvicorn's HTTP parser: auto (httptools if installed), h11, httptools"
+    )
+    p.add_argument("--host-ms", type=float, default=0.0, help="engine host work per step, GIL held")
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval (Python's default: 5 ms)",
+    )
     args = p.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
 
     import uvicorn
 
     from jaxllm.engine.async_engine import AsyncLLMEngine
     from server.app import build_app
 
-    inner = DeviceTimeEngine(args.device_ms / 1e3, args.vocab_size, args.max_model_len, args.model_name)
+    inner = DeviceTimeEngine(
+        args.device_ms / 1e3, args.vocab_size, args.max_model_len, args.model_name, host_s=args.host_ms / 1e3
+    )
     app = build_app(AsyncLLMEngine(inner))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", loop=args.loop, http=args.http)
 
