@@ -51,9 +51,11 @@ from benchmarks.serve_metrics import (
 from benchmarks.server_process import (
     GpuMonitor,
     cache_file_count,
+    engine_counters,
     engine_startup_from_log,
     flag_value,
     launch_server,
+    step_breakdown,
     wait_for_background_compiles,
     write_synthetic_tokenizer,
 )
@@ -524,8 +526,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.sweep_deadline is not None and time.time() >= args.sweep_deadline:
                 print(f"== concurrency {conc}: skipped, the sweep deadline has passed")
                 continue
+            counters = engine_counters(args.base_url)
             with GpuMonitor(args.gpu_util_interval) as gpu:
                 timings, duration = load(reqs, conc)
+            steps = step_breakdown(counters, engine_counters(args.base_url), duration)
             m = serving_metrics(timings, duration, goodput)
             roof = roofline_for(shape, timings, reqs, conc or len(reqs), duration, hw)
             print(
@@ -533,6 +537,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{len(reqs)} requests, rate {args.request_rate}"
             )
             print_metrics(m, roof)
+            if steps is not None and steps["steps"]:
+                print(
+                    f"engine: {steps['steps']} steps, {steps['mean_step_ms']:.2f} ms each on average; the step "
+                    f"thread waited on the device {steps['device_wait_share']:.0%} of the run "
+                    f"({steps['device_wait_ms_per_step']:.2f} ms per step)"
+                )
             cut = any(t.error == CUT for t in timings)
             errors = sorted({t.error for t in timings if not t.success})[:5]
             runs.append(
@@ -541,6 +551,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "metrics": m,
                     "roofline": roof,
                     "gpu_util_pct": gpu.mean(),
+                    "engine_steps": steps,
                     "errors": errors,
                     "cut": cut,
                 }

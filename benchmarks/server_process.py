@@ -68,19 +68,58 @@ def wait_for_health(base_url: str, timeout_s: float, proc: subprocess.Popen | No
             time.sleep(0.25)
 
 
-def background_compiles(base_url: str) -> int | None:
-    """The server's `jaxllm:num_compiling_in_background` gauge (summed over its label sets), or None when
-    /metrics does not answer or has no such gauge (another server)."""
+def _metrics_text(base_url: str) -> str | None:
     try:
-        text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=5.0).text
+        return httpx.get(base_url.rstrip("/") + "/metrics", timeout=5.0).text
     except httpx.HTTPError:
         return None
+
+
+def _metric_sum(text: str, name: str) -> float | None:
+    """A Prometheus sample summed over its label sets (`name{...} value` lines); None when absent."""
     values = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("jaxllm:num_compiling_in_background")
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
     ]
-    return int(sum(values)) if values else None
+    return sum(values) if values else None
+
+
+def background_compiles(base_url: str) -> int | None:
+    """The server's `jaxllm:num_compiling_in_background` gauge (summed over its label sets), or None when
+    /metrics does not answer or has no such gauge (another server)."""
+    text = _metrics_text(base_url)
+    value = None if text is None else _metric_sum(text, "jaxllm:num_compiling_in_background")
+    return None if value is None else int(value)
+
+
+ENGINE_COUNTERS = {"steps": "jaxllm:engine_steps_total", "wait_s": "jaxllm:step_device_wait_seconds_total"}
+
+
+def engine_counters(base_url: str) -> dict[str, float] | None:
+    """The engine's cumulative step count and device-wait seconds from /metrics, or None when the server
+    does not report them (another server)."""
+    text = _metrics_text(base_url)
+    if text is None:
+        return None
+    values = {k: _metric_sum(text, name) for k, name in ENGINE_COUNTERS.items()}
+    return None if None in values.values() else values
+
+
+def step_breakdown(before: dict | None, after: dict | None, duration_s: float) -> dict | None:
+    """Engine steps over a timed stretch: how many, the mean wall time per step, and the share of the
+    stretch the step thread spent waiting on the device (near 1: the device is the bottleneck; low while
+    steps run back to back: the host is)."""
+    if before is None or after is None or duration_s <= 0:
+        return None
+    steps = after["steps"] - before["steps"]
+    wait = after["wait_s"] - before["wait_s"]
+    return {
+        "steps": int(steps),
+        "mean_step_ms": duration_s / steps * 1e3 if steps else None,
+        "device_wait_share": wait / duration_s,
+        "device_wait_ms_per_step": wait / steps * 1e3 if steps else None,
+    }
 
 
 def wait_for_background_compiles(

@@ -19,3 +19,5 @@ class EngineStats:
     num_gpu_blocks: int = 0
     block_size: int = 16
     num_compiling_in_background: int = 0  # sampler variants still compiling after ready (start-up only)
+    num_steps: int = 0  # cumulative device steps collected
+    step_device_wait_s: float = 0.0  # cumulative seconds the step thread waited on the device's results

@@ -107,6 +107,13 @@ class _EngineStatsCollector:
         yield counter("num_preemptions", "Cumulative number of preemptions.", s.num_preemptions)
         yield counter("prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
         yield counter("generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
+        yield counter("engine_steps", "Device steps the engine has run.", s.num_steps)
+        yield counter(
+            "step_device_wait_seconds",
+            "Seconds the engine's step thread waited on the device's results. Over a stretch of wall time, "
+            "a high share means the device is the bottleneck; a low one with steps running, the host.",
+            s.step_device_wait_s,
+        )
 
 
 class ServerMetrics:

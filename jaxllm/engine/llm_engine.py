@@ -365,4 +365,6 @@ class LLMEngine:
     def get_stats(self) -> EngineStats:
         stats = self.scheduler.get_stats()
         stats.num_compiling_in_background = self.runner.num_compiling_in_background()
+        stats.num_steps = self.runner.timing.steps
+        stats.step_device_wait_s = self.runner.timing.wait_s
         return stats

@@ -270,3 +270,35 @@ def test_waits_for_the_servers_background_compiles(monkeypatch):
 
     pages[:] = ["vllm:num_requests_running 0.0\n"]  # another server: no wait
     assert server_process.wait_for_background_compiles("http://h:1", 10.0) is None
+
+
+def test_engine_step_breakdown_from_metrics(monkeypatch):
+    """serve.py's per-level engine line: steps and device-wait seconds read from /metrics before and after
+    a level (summed over label sets, other series ignored), turned into steps, ms per step and the share
+    of the level the step thread waited on the device; None for a server without the counters."""
+    from benchmarks import server_process
+
+    page = {}
+
+    class Page:
+        def __init__(self, text):
+            self.text = text
+
+    monkeypatch.setattr(server_process.httpx, "get", lambda url, **kw: Page(page["text"]))
+    metrics = (
+        "# TYPE jaxllm:engine_steps counter\n"
+        'jaxllm:engine_steps_total{{model_name="m"}} {steps}\n'
+        'jaxllm:engine_steps_created{{model_name="m"}} 1.7e9\n'
+        'jaxllm:step_device_wait_seconds_total{{model_name="m"}} {wait}\n'
+    )
+    page["text"] = metrics.format(steps="100.0", wait="0.5")
+    before = server_process.engine_counters("http://h:1")
+    assert before == {"steps": 100.0, "wait_s": 0.5}
+    page["text"] = metrics.format(steps="600.0", wait="3.5")
+    after = server_process.engine_counters("http://h:1")
+    got = server_process.step_breakdown(before, after, 4.0)
+    assert got["steps"] == 500 and abs(got["mean_step_ms"] - 8.0) < 1e-9
+    assert abs(got["device_wait_share"] - 0.75) < 1e-9 and abs(got["device_wait_ms_per_step"] - 6.0) < 1e-9
+    page["text"] = "vllm:num_requests_running 0.0\n"
+    assert server_process.engine_counters("http://h:1") is None
+    assert server_process.step_breakdown(None, after, 4.0) is None

@@ -189,3 +189,15 @@ def test_small_buckets_compile_with_their_xla_options(tiny_llama_dir, jax_cache_
         )
     large_shape = next(sh for sh in runner.plan.all_shapes() if sh[0] in large)
     runner._run_model(empty_step_inputs(large_shape), all_logits=False)  # XLA's defaults: compiles
+
+
+def test_stats_count_steps_and_device_wait(tiny_llama_dir, jax_cache_dir):
+    """get_stats (what /metrics reports) counts device steps: one request of a 5-token prompt and 6 output
+    tokens takes 6 (the prefill samples the first token); the device-wait seconds grow with them."""
+    llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
+    before = llm.llm_engine.get_stats()
+    p = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    llm.generate(None, p, prompt_token_ids=[[5, 6, 7, 8, 9]], use_tqdm=False)
+    after = llm.llm_engine.get_stats()
+    assert after.num_steps - before.num_steps == 6
+    assert after.step_device_wait_s > before.step_device_wait_s

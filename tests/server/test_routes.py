@@ -239,6 +239,16 @@ def test_metrics_report_background_compiles(client, engine):
     ).text
 
 
+def test_metrics_report_engine_steps_and_device_wait(client, engine):
+    engine._stats.num_steps, engine._stats.step_device_wait_s = 42, 0.25
+    try:
+        text = client.get("/metrics").text
+        assert f'jaxllm:engine_steps_total{{model_name="{engine.model_name}"}} 42.0' in text
+        assert f'jaxllm:step_device_wait_seconds_total{{model_name="{engine.model_name}"}} 0.25' in text
+    finally:
+        engine._stats.num_steps, engine._stats.step_device_wait_s = 0, 0.0
+
+
 def test_stats_logger_throughput(client, engine):
     from server.metrics import StatsLogger
 
