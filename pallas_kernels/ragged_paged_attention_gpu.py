@@ -9,8 +9,9 @@ Data flow of one call:
      per step, gathered through the block table, with an online softmax in float32. The shares are
      cut from the item's own key range (split_steps), not from the block table's width: the engine's
      tables are max_model_len / page_size wide, and shares of the width left all but the first splits
-     idle at short contexts (H200, Llama-3.1-8B, 640-token contexts, tables 129 pages wide: attention
-     of a b32 step 1.58 -> 1.03 ms, of a b1 step 0.55 -> 0.31 ms; benchmarks/step_profile.py).
+     idle at short contexts (one H200, Llama-3.1-8B, 640-token contexts, tables 513 pages wide, the
+     old and the new cut in one run: attention of a b32 step 1.41 -> 1.03 ms, of a b1 step 0.76 ->
+     0.31 ms; benchmarks/results/2026-12-03-h200-step-profile-llama8b-splits-table513-old-new.log).
   3. k_splits == 1: the program normalises and writes the output rows. k_splits > 1 (flash-decoding
      for long contexts with few sequences): each split writes unnormalised float32 partials with their
      running max and sum, and a small jnp epilogue combines them.
