@@ -115,6 +115,34 @@ def device_spans(trace: dict, gap_us: float = 300.0) -> list[tuple[float, float]
     return out
 
 
+def device_timeline(trace: dict, gap_ms: tuple[float, ...] = (0.1, 1.0)) -> dict | None:
+    """Over a whole traced run: the union of the device's kernel intervals (busy), the span from the first
+    kernel to the last, and the device's idle gaps longer than each of `gap_ms` (count, total ms). A long
+    run that is device-bound has busy close to its span; gaps say how much of the rest the host caused."""
+    evs = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in _stream_kernels(trace))
+    if not evs:
+        return None
+    busy_us, gaps, (start, end) = 0.0, [], evs[0]
+    for ts, te in evs[1:]:
+        if ts > end:
+            busy_us += end - start
+            gaps.append(ts - end)
+            start, end = ts, te
+        else:
+            end = max(end, te)
+    busy_us += end - start
+    span_us = evs[-1][1] - evs[0][0]
+    out = {
+        "span_s": span_us / 1e6,
+        "busy_s": busy_us / 1e6,
+        "busy_share": busy_us / span_us if span_us else 0.0,
+    }
+    for g in gap_ms:
+        big = [x for x in gaps if x > g * 1e3]
+        out[f"gaps_over_{g:g}ms"] = {"count": len(big), "total_s": sum(big) / 1e6}
+    return out
+
+
 def load_trace(log_dir: Path) -> dict:
     files = sorted(log_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not files:

@@ -15,8 +15,10 @@ of the H200 roofline bound for this exact workload.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--disable-detokenize", action="store_true", help="token ids only (always so without a tokenizer)"
     )
     p.add_argument("--warmup-prompts", type=int, default=0, help="a small generate before the timed one")
+    p.add_argument(
+        "--device-trace",
+        action="store_true",
+        help="trace the timed generate with jax.profiler and report the device's busy time and idle gaps "
+        "over the run (the trace slows the run: its throughput is not comparable)",
+    )
     p.add_argument("--peer", choices=["none", "transformers"], default="none")
     p.add_argument("--peer-timeout", type=float, default=900.0, help="seconds before the peer is given up")
     p.add_argument("--hardware", choices=sorted(HARDWARE), default="h200", help="peaks for the roofline line")
@@ -138,12 +146,13 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
     prompts = [r.prompt for r in requests]
     timing = engine.runner.timing
     steps0, wait0 = timing.steps, timing.wait_s
-    t0 = time.perf_counter()
-    if all(isinstance(p, list) for p in prompts):
-        outs = llm.generate(None, [params(r) for r in requests], prompt_token_ids=prompts, use_tqdm=False)
-    else:
-        outs = llm.generate(prompts, [params(r) for r in requests], use_tqdm=False)
-    elapsed = time.perf_counter() - t0
+    with device_trace(args.device_trace) as traced:
+        t0 = time.perf_counter()
+        if all(isinstance(p, list) for p in prompts):
+            outs = llm.generate(None, [params(r) for r in requests], prompt_token_ids=prompts, use_tqdm=False)
+        else:
+            outs = llm.generate(prompts, [params(r) for r in requests], use_tqdm=False)
+        elapsed = time.perf_counter() - t0
     steps, wait = timing.steps - steps0, timing.wait_s - wait0
     breakdown = {
         "steps": steps,
@@ -152,6 +161,8 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         "host_s": round(elapsed - wait, 3),
         "host_share": (elapsed - wait) / elapsed if elapsed > 0 else 0.0,
     }
+    if args.device_trace:
+        breakdown["device_timeline"] = traced.get("timeline") or "no device kernel events in the trace"
 
     in_lens = [len(o.prompt_token_ids) for o in outs]
     out_lens = [len(o.outputs[0].token_ids) for o in outs]
@@ -167,6 +178,24 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         "arch": engine.loaded.arch,
         "max_num_seqs": info.get("max_num_seqs") or len(requests),
     }
+
+
+@contextlib.contextmanager
+def device_trace(enabled: bool):
+    """With `enabled`, a jax.profiler trace around the block; afterwards the dict it yields holds the
+    run's device timeline (step_profile.device_timeline)."""
+    found: dict[str, Any] = {}
+    if not enabled:
+        yield found
+        return
+    import jax
+
+    from benchmarks.step_profile import device_timeline, load_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            yield found
+        found["timeline"] = device_timeline(load_trace(Path(tmp)))
 
 
 def summarize(elapsed: float, in_lens: list[int], out_lens: list[int]) -> dict[str, float]:
@@ -263,6 +292,16 @@ def print_report(result: dict[str, Any]) -> None:
             f"and worked {b['host_s']} s ({b['host_share']:.0%} of the wall time; with async scheduling that work "
             "overlaps the device's, so waiting means the device was the bottleneck)"
         )
+        t = b.get("device_timeline")
+        if isinstance(t, dict):
+            print(
+                f"device (traced run): busy {t['busy_s']:.2f} s of a {t['span_s']:.2f} s span ({t['busy_share']:.1%}); "
+                + ", ".join(
+                    f"{v['count']} gaps {k.replace('_', ' ')} ({v['total_s']:.2f} s)"
+                    for k, v in t.items()
+                    if k.startswith("gaps")
+                )
+            )
     print(result["roofline"]["line"])
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from benchmarks.step_profile import device_kernel_times, device_spans, kind_of, mixed_inputs
+from benchmarks.step_profile import device_kernel_times, device_spans, device_timeline, kind_of, mixed_inputs
 from jaxllm.runner.buckets import BucketPlan
 
 
@@ -52,6 +53,25 @@ def test_device_spans_split_steps_at_long_gaps():
         if e.get("ph") == "X":
             e["ts"] = stamps.get(e["dur"], 5.0)
     assert device_spans(trace) == [(24.5, 22.5), (11.0, 5.0)]
+
+
+def test_device_timeline_unions_overlaps_and_counts_idle_gaps():
+    trace = _trace()
+    # Kernels (us): [0, 10) and [5, 17.5) overlap (busy 17.5), then idle 482.5 us, [500, 504), idle 1996 us,
+    # [2500, 2501). Busy 22.5 us over a 2501 us span; gaps over 0.1 ms: two (2478.5 us), over 1 ms: one.
+    stamps = {10.0: 0.0, 12.5: 5.0, 4.0: 500.0, 1.0: 2500.0}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X":
+            e["ts"] = stamps.get(e["dur"], 0.0)
+    got = device_timeline(trace)
+    assert got["busy_s"] * 1e6 == pytest.approx(22.5)
+    assert got["span_s"] * 1e6 == pytest.approx(2501.0)
+    assert got["busy_share"] == pytest.approx(22.5 / 2501.0)
+    assert got["gaps_over_0.1ms"]["count"] == 2
+    assert got["gaps_over_0.1ms"]["total_s"] * 1e6 == pytest.approx(482.5 + 1996.0)
+    assert got["gaps_over_1ms"]["count"] == 1
+    assert got["gaps_over_1ms"]["total_s"] * 1e6 == pytest.approx(1996.0)
+    assert device_timeline({"traceEvents": []}) is None
 
 
 def test_mixed_inputs_pack_decodes_then_chunks():
