@@ -49,6 +49,7 @@ from benchmarks.serve_metrics import (
     targets_table,
 )
 from benchmarks.server_process import (
+    HOST_PHASES,
     GpuMonitor,
     cache_file_count,
     engine_counters,
@@ -542,6 +543,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"engine: {steps['steps']} steps, {steps['mean_step_ms']:.2f} ms each on average; the step "
                     f"thread waited on the device {steps['device_wait_share']:.0%} of the run "
                     f"({steps['device_wait_ms_per_step']:.2f} ms per step)"
+                    + "".join(
+                        f"; {phase} {steps[f'host_{phase}_ms_per_step']:.2f} ms"
+                        for phase in HOST_PHASES
+                        if f"host_{phase}_ms_per_step" in steps
+                    )
                 )
             cut = any(t.error == CUT for t in timings)
             errors = sorted({t.error for t in timings if not t.success})[:5]

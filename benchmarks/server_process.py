@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from jaxllm.stats import STEP_HOST_PHASES
+
 
 @dataclass
 class ServerProcess:
@@ -75,12 +77,13 @@ def _metrics_text(base_url: str) -> str | None:
         return None
 
 
-def _metric_sum(text: str, name: str) -> float | None:
-    """A Prometheus sample summed over its label sets (`name{...} value` lines); None when absent."""
+def _metric_sum(text: str, name: str, label: str = "") -> float | None:
+    """A Prometheus sample summed over its label sets (`name{...} value` lines), or over those whose labels
+    contain `label` (e.g. 'phase="schedule"'); None when absent."""
     values = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ") and label in line
     ]
     return sum(values) if values else None
 
@@ -94,16 +97,24 @@ def background_compiles(base_url: str) -> int | None:
 
 
 ENGINE_COUNTERS = {"steps": "jaxllm:engine_steps_total", "wait_s": "jaxllm:step_device_wait_seconds_total"}
+HOST_PHASES = STEP_HOST_PHASES  # jaxllm:step_host_seconds_total{phase=...}
 
 
 def engine_counters(base_url: str) -> dict[str, float] | None:
-    """The engine's cumulative step count and device-wait seconds from /metrics, or None when the server
-    does not report them (another server)."""
+    """The engine's cumulative step count, device-wait seconds and (servers that report them) host seconds
+    per phase (`host_<phase>_s`) from /metrics, or None when the server does not report steps and waits
+    (another server)."""
     text = _metrics_text(base_url)
     if text is None:
         return None
     values = {k: _metric_sum(text, name) for k, name in ENGINE_COUNTERS.items()}
-    return None if None in values.values() else values
+    if None in values.values():
+        return None
+    for phase in HOST_PHASES:
+        v = _metric_sum(text, "jaxllm:step_host_seconds_total", f'phase="{phase}"')
+        if v is not None:
+            values[f"host_{phase}_s"] = v
+    return values
 
 
 def step_breakdown(before: dict | None, after: dict | None, duration_s: float) -> dict | None:
@@ -114,12 +125,18 @@ def step_breakdown(before: dict | None, after: dict | None, duration_s: float) -
         return None
     steps = after["steps"] - before["steps"]
     wait = after["wait_s"] - before["wait_s"]
-    return {
+    out = {
         "steps": int(steps),
         "mean_step_ms": duration_s / steps * 1e3 if steps else None,
         "device_wait_share": wait / duration_s,
         "device_wait_ms_per_step": wait / steps * 1e3 if steps else None,
     }
+    if steps:
+        for phase in HOST_PHASES:
+            key = f"host_{phase}_s"
+            if key in before and key in after:
+                out[f"host_{phase}_ms_per_step"] = (after[key] - before[key]) / steps * 1e3
+    return out
 
 
 def wait_for_background_compiles(

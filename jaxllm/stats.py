@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -21,3 +21,11 @@ class EngineStats:
     num_compiling_in_background: int = 0  # sampler variants still compiling after ready (start-up only)
     num_steps: int = 0  # cumulative device steps collected
     step_device_wait_s: float = 0.0  # cumulative seconds the step thread waited on the device's results
+    # cumulative seconds of the step thread's host work, by phase (STEP_HOST_PHASES)
+    step_host_s: dict[str, float] = field(default_factory=dict)
+
+
+# The step thread's host phases: building the batch (scheduler), building its inputs and enqueueing the
+# model and sampler on the device (runner.dispatch), and reading the tokens back (after the wait) and
+# turning them into request outputs (scheduler update, stop checks, detokenizing).
+STEP_HOST_PHASES = ("schedule", "dispatch", "process")

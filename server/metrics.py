@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jaxllm.outputs import RequestOutput
+from jaxllm.stats import STEP_HOST_PHASES
 
 logger = logging.getLogger("jaxllm.server")
 
@@ -114,6 +115,17 @@ class _EngineStatsCollector:
             "a high share means the device is the bottleneck; a low one with steps running, the host.",
             s.step_device_wait_s,
         )
+        host = CounterMetricFamily(
+            "jaxllm:step_host_seconds",
+            "Seconds of the engine's step thread spent on host work, by phase: schedule (building the "
+            "batch), dispatch (building the step's inputs and enqueueing the model and sampler), process "
+            "(reading the tokens back and making request outputs). Per step, against the device's step "
+            "time, they say which host phase holds a host-bound engine back.",
+            labels=["model_name", "phase"],
+        )
+        for phase in STEP_HOST_PHASES:
+            host.add_metric([self.model_name, phase], s.step_host_s.get(phase, 0.0))
+        yield host
 
 
 class ServerMetrics:

@@ -287,21 +287,33 @@ class LLMEngine:
         With async scheduling the step after the one being collected is scheduled and dispatched first,
         so the host's scheduling and input building overlap the device's forward pass."""
         overlap = self.config.scheduler.async_scheduling and self.step_channel is None
+        timing, clock = self.runner.timing, time.perf_counter
         if self._inflight is None:
+            t0 = clock()
             sched_out = self._schedule()
+            t1 = clock()
             with self.tp.context():
                 self._inflight = self.runner.dispatch(sched_out)
+            timing.add("schedule", t1 - t0)
+            timing.add("dispatch", clock() - t1)
         current = self._inflight
         self._inflight = None
         if overlap and current.sampled is not None and self._can_overlap():
+            t0 = clock()
             nxt = self._schedule()
+            t1 = clock()
+            timing.add("schedule", t1 - t0)
             if not nxt.is_empty:
                 with self.tp.context():
                     self._inflight = self.runner.dispatch(nxt, prev=current)
+                timing.add("dispatch", clock() - t1)
             else:
                 self._unreported_finished.extend(nxt.finished_request_ids)
+        t0, wait0 = clock(), timing.wait_s
         runner_out = self.runner.collect(current)
-        return self._process(current.sched, runner_out, finished_only)
+        outputs = self._process(current.sched, runner_out, finished_only)
+        timing.add("process", clock() - t0 - (timing.wait_s - wait0))
+        return outputs
 
     def _schedule(self):
         sched_out = self.scheduler.schedule()
@@ -367,4 +379,5 @@ class LLMEngine:
         stats.num_compiling_in_background = self.runner.num_compiling_in_background()
         stats.num_steps = self.runner.timing.steps
         stats.step_device_wait_s = self.runner.timing.wait_s
+        stats.step_host_s = dict(self.runner.timing.host_s)
         return stats

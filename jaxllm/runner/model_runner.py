@@ -66,6 +66,10 @@ class StepTiming:
 
     steps: int = 0
     wait_s: float = 0.0
+    host_s: dict[str, float] = dataclasses.field(default_factory=dict)  # the engine's phases (stats.py)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.host_s[phase] = self.host_s.get(phase, 0.0) + seconds
 
 
 class ModelRunner:

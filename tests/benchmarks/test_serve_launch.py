@@ -290,13 +290,25 @@ def test_engine_step_breakdown_from_metrics(monkeypatch):
         'jaxllm:engine_steps_total{{model_name="m"}} {steps}\n'
         'jaxllm:engine_steps_created{{model_name="m"}} 1.7e9\n'
         'jaxllm:step_device_wait_seconds_total{{model_name="m"}} {wait}\n'
+        'jaxllm:step_host_seconds_total{{model_name="m",phase="schedule"}} {sched}\n'
+        'jaxllm:step_host_seconds_total{{model_name="m",phase="dispatch"}} {disp}\n'
+        'jaxllm:step_host_seconds_total{{model_name="m",phase="process"}} 0.0\n'
     )
-    page["text"] = metrics.format(steps="100.0", wait="0.5")
+    page["text"] = metrics.format(steps="100.0", wait="0.5", sched="1.0", disp="2.0")
     before = server_process.engine_counters("http://h:1")
-    assert before == {"steps": 100.0, "wait_s": 0.5}
-    page["text"] = metrics.format(steps="600.0", wait="3.5")
+    assert before == {
+        "steps": 100.0,
+        "wait_s": 0.5,
+        "host_schedule_s": 1.0,
+        "host_dispatch_s": 2.0,
+        "host_process_s": 0.0,
+    }
+    page["text"] = metrics.format(steps="600.0", wait="3.5", sched="1.5", disp="3.0")
     after = server_process.engine_counters("http://h:1")
     got = server_process.step_breakdown(before, after, 4.0)
+    assert abs(got["host_schedule_ms_per_step"] - 1.0) < 1e-9  # 0.5 s over 500 steps
+    assert abs(got["host_dispatch_ms_per_step"] - 2.0) < 1e-9
+    assert got["host_process_ms_per_step"] == 0.0
     assert got["steps"] == 500 and abs(got["mean_step_ms"] - 8.0) < 1e-9
     assert abs(got["device_wait_share"] - 0.75) < 1e-9 and abs(got["device_wait_ms_per_step"] - 6.0) < 1e-9
     page["text"] = "vllm:num_requests_running 0.0\n"

@@ -18,6 +18,7 @@ from jaxllm import LLM, SamplingParams
 from jaxllm.runner.input_batch import empty_step_inputs
 from jaxllm.runner.model_runner import MAX_LOGPROBS, ModelRunner
 from jaxllm.runner.sampler import SamplerFlags
+from jaxllm.stats import STEP_HOST_PHASES
 
 
 def _llm(folder, cache, compile_ahead):
@@ -197,7 +198,14 @@ def test_stats_count_steps_and_device_wait(tiny_llama_dir, jax_cache_dir):
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
     before = llm.llm_engine.get_stats()
     p = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    t0 = time.perf_counter()
     llm.generate(None, p, prompt_token_ids=[[5, 6, 7, 8, 9]], use_tqdm=False)
+    wall = time.perf_counter() - t0
     after = llm.llm_engine.get_stats()
     assert after.num_steps - before.num_steps == 6
     assert after.step_device_wait_s > before.step_device_wait_s
+    # Each host phase ran and took time; with the wait they fit in the wall time of generate (the phases
+    # of one thread do not overlap each other).
+    host = {ph: after.step_host_s.get(ph, 0.0) - before.step_host_s.get(ph, 0.0) for ph in STEP_HOST_PHASES}
+    assert all(v > 0 for v in host.values()), host
+    assert sum(host.values()) + after.step_device_wait_s - before.step_device_wait_s <= wall

@@ -234,19 +234,26 @@ def test_metrics_report_background_compiles(client, engine):
         assert f'jaxllm:num_compiling_in_background{{model_name="{engine.model_name}"}} 3.0' in text
     finally:
         engine._stats.num_compiling_in_background = 0
-    assert f'jaxllm:num_compiling_in_background{{model_name="{engine.model_name}"}} 0.0' in client.get(
-        "/metrics"
-    ).text
+    assert (
+        f'jaxllm:num_compiling_in_background{{model_name="{engine.model_name}"}} 0.0'
+        in client.get("/metrics").text
+    )
 
 
 def test_metrics_report_engine_steps_and_device_wait(client, engine):
     engine._stats.num_steps, engine._stats.step_device_wait_s = 42, 0.25
+    engine._stats.step_host_s = {"schedule": 0.5, "dispatch": 1.25}
     try:
         text = client.get("/metrics").text
         assert f'jaxllm:engine_steps_total{{model_name="{engine.model_name}"}} 42.0' in text
         assert f'jaxllm:step_device_wait_seconds_total{{model_name="{engine.model_name}"}} 0.25' in text
+        host = f'jaxllm:step_host_seconds_total{{model_name="{engine.model_name}",phase='
+        assert host + '"schedule"} 0.5' in text
+        assert host + '"dispatch"} 1.25' in text
+        assert host + '"process"} 0.0' in text  # not reported yet: zero, not absent
     finally:
         engine._stats.num_steps, engine._stats.step_device_wait_s = 0, 0.0
+        engine._stats.step_host_s = {}
 
 
 def test_stats_logger_throughput(client, engine):
