@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import sys
 import tempfile
@@ -77,6 +78,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup-prompts", type=int, default=0, help="a small generate before the timed one")
     p.add_argument(
+        "--unfreeze-gc",
+        action="store_true",
+        help="undo the engine's start-up freeze of the garbage collector's heap (jaxllm/engine/heap.py) "
+        "before timing: the A/B of that freeze",
+    )
+    p.add_argument(
         "--device-trace",
         action="store_true",
         help="trace the timed generate with jax.profiler and report the device's busy time and idle gaps "
@@ -123,6 +130,8 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         compilation_cache_dir=args.compilation_cache_dir,
     )
     startup_wall = time.perf_counter() - t0
+    if args.unfreeze_gc:
+        gc.unfreeze()
     engine = llm.llm_engine
     longest = max(r.input_len + r.output_len for r in requests)
     if longest > engine.max_model_len:

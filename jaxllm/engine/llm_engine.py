@@ -23,6 +23,7 @@ from jaxllm.config import EngineConfig
 from jaxllm.core.scheduler import Scheduler
 from jaxllm.engine.batch_defaults import default_batch_limits, device_total_memory
 from jaxllm.engine.detokenizer import IncrementalDetokenizer
+from jaxllm.engine.heap import freeze_startup_heap
 from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentState
 from jaxllm.layers.attention import resolve_backend
 from jaxllm.loader import load_model
@@ -183,6 +184,13 @@ class LLMEngine:
         tok_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_id = tok_eos if tok_eos is not None else (eos[0] if eos else None)
         self.extra_eos_ids = [e for e in eos if e != self.eos_token_id]
+        t0 = time.perf_counter()
+        self.startup_info["gc_frozen_objects"] = freeze_startup_heap()
+        logger.info(
+            "froze the start-up heap for the garbage collector: %d objects in %.2f s",
+            self.startup_info["gc_frozen_objects"],
+            time.perf_counter() - t0,
+        )
 
     # ---- requests ------------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
