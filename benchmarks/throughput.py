@@ -84,13 +84,6 @@ def make_parser() -> argparse.ArgumentParser:
         "before timing: the A/B of that freeze",
     )
     p.add_argument(
-        "--young-gc-threshold",
-        type=int,
-        default=None,
-        help="allocations between collections of the garbage collector's youngest generation while the "
-        "engine runs (jaxllm/engine/heap.py YOUNG_THRESHOLD; 700 is Python's default): the A/B of it",
-    )
-    p.add_argument(
         "--device-trace",
         action="store_true",
         help="trace the timed generate with jax.profiler and report the device's busy time and idle gaps "
@@ -139,10 +132,6 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
     startup_wall = time.perf_counter() - t0
     if args.unfreeze_gc:
         gc.unfreeze()
-    if args.young_gc_threshold is not None:
-        from jaxllm.engine import heap
-
-        heap.YOUNG_THRESHOLD = args.young_gc_threshold
     engine = llm.llm_engine
     longest = max(r.input_len + r.output_len for r in requests)
     if longest > engine.max_model_len:

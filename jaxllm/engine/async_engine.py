@@ -17,7 +17,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from jaxllm.config import EngineConfig
-from jaxllm.engine.heap import fewer_young_collections
 from jaxllm.engine.llm_engine import LLMEngine
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
@@ -136,10 +135,6 @@ class AsyncLLMEngine:
             self.engine.abort_request(aborts)
 
     async def _run(self) -> None:
-        with fewer_young_collections():  # for as long as the loop runs (jaxllm/engine/heap.py)
-            await self._loop()
-
-    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:

@@ -6,20 +6,20 @@ walks every tracked object: the weights' and compiled steps' Python objects from
 the development CPU, 1,000 requests of 128 + 32 tokens on a tiny model: two full collections of 108 ms
 each, on the host's critical path of the step they land in (a device idle for that long, a 100 ms
 inter-token gap for every stream). vLLM's engine does the same as `freeze_startup_heap`: once start-up is
-done, collect, then freeze what is left, so full collections skip it (there: 2 x 28 ms).
+done, collect, then freeze what is left, so full collections skip it (there: 2 x 28 ms). On the H200,
+Llama-3.1-8B shape, 1,000 prompts 512 -> 256 in one call: 9,854 output tok/s frozen against 9,720 with the
+freeze undone (benchmarks/results/2026-12-03-h200-throughput-llama8b-1000x512x256-gc-*.json).
 
-The youngest generation is collected every 700 net allocations by default; the engine loop allocates
-that many in a fraction of a step, and every collection also runs JAX's gc callback. While an engine loop
-runs, `fewer_young_collections` raises that threshold to YOUNG_THRESHOLD (on the development CPU, the same
-run: 269 collections -> 1, the scheduler's host time 0.56-0.66 s -> 0.27-0.32 s).
+Tried and dropped: collecting the youngest generation every 50,000 allocations instead of 700 while an
+engine loop runs. On the development CPU it cut the scheduler's host time by half; on the H200 the
+server's host time per step grew (dispatch at concurrency 32: 3.87 ms against 2.77, c=32 TPOT 7.19
+against 6.03 ms, one launch each) and the offline run's host work with it
+(benchmarks/results/2026-12-03-h200-young-gc-threshold-ab.log).
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-
-YOUNG_THRESHOLD = 50_000  # allocations between collections of the youngest generation
 
 
 def freeze_startup_heap() -> int:
@@ -31,17 +31,3 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
-
-
-@contextlib.contextmanager
-def fewer_young_collections(threshold: int | None = None):
-    """Collect the youngest generation every `threshold` (default YOUNG_THRESHOLD) allocations inside the
-    block, never more often than before (older generations keep their ratios); the thresholds in force
-    before are restored after it."""
-    threshold = YOUNG_THRESHOLD if threshold is None else threshold
-    before = gc.get_threshold()
-    gc.set_threshold(max(threshold, before[0]), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)

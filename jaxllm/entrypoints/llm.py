@@ -10,7 +10,6 @@ import logging
 from collections.abc import Sequence
 
 from jaxllm.config import CacheConfig, EngineConfig, ModelSpec, ParallelConfig, RunnerConfig, SchedulerConfig
-from jaxllm.engine.heap import fewer_young_collections
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
@@ -140,13 +139,12 @@ class LLM:
             engine.enqueue(p)
         results: list[RequestOutput | None] = [None] * len(parents)
         bar = _progress(len(parents), use_tqdm)
-        with fewer_young_collections():
-            while engine.has_unfinished_requests():
-                for out in engine.step(finished_only=True):
-                    if out.finished:
-                        results[order[out.request_id]] = out
-                        if bar is not None:
-                            bar.update(1)
+        while engine.has_unfinished_requests():
+            for out in engine.step(finished_only=True):
+                if out.finished:
+                    results[order[out.request_id]] = out
+                    if bar is not None:
+                        bar.update(1)
         if bar is not None:
             bar.close()
         return results  # type: ignore[return-value]

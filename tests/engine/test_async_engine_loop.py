@@ -100,29 +100,3 @@ def test_every_output_arrives_in_order_and_abort_stops_a_request():
     assert steps == sorted(steps) and len(steps) == 6 and steps == list(range(steps[0], steps[0] + 6))
     assert first.request_id == "b" and not first.finished
     assert "b" not in stand_in.left  # aborted, not run to its end
-
-
-def test_steps_run_under_fewer_young_collections_until_shutdown():
-    import gc
-
-    from jaxllm.engine.heap import YOUNG_THRESHOLD
-
-    before = gc.get_threshold()
-
-    class Recording(StepRecordingEngine):
-        def step(self):
-            self.thresholds = getattr(self, "thresholds", []) + [gc.get_threshold()[0]]
-            return super().step()
-
-    async def main():
-        stand_in = Recording(length=3)
-        engine = AsyncLLMEngine(stand_in)
-        await engine.start()
-        try:
-            await _collect(engine, "r0")
-        finally:
-            await engine.shutdown(drain_timeout_s=1)
-        return stand_in.thresholds
-
-    assert set(asyncio.run(main())) == {max(YOUNG_THRESHOLD, before[0])}
-    assert gc.get_threshold() == before  # restored when the loop stopped
