@@ -35,6 +35,15 @@ def _trace():
     }
 
 
+def _stamped(start_by_dur: dict[float, float], other: float) -> dict:
+    """_trace with each X event started at start_by_dur[its duration] (`other` for the rest)."""
+    trace = _trace()
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X":
+            e["ts"] = start_by_dur.get(e["dur"], other)
+    return trace
+
+
 def test_device_kernel_times_counts_stream_kernels_only():
     got = device_kernel_times(_trace())
     assert got == {
@@ -46,23 +55,15 @@ def test_device_kernel_times_counts_stream_kernels_only():
 
 
 def test_device_spans_split_steps_at_long_gaps():
-    trace = _trace()
     # _trace's stream kernels carry no ts; place them as two steps: [0, 10) [12, 24.5) | [1000, 1004)
-    stamps = {10.0: 0.0, 12.5: 12.0, 4.0: 1000.0, 1.0: 1010.0}
-    for e in trace["traceEvents"]:
-        if e.get("ph") == "X":
-            e["ts"] = stamps.get(e["dur"], 5.0)
+    trace = _stamped({10.0: 0.0, 12.5: 12.0, 4.0: 1000.0, 1.0: 1010.0}, other=5.0)
     assert device_spans(trace) == [(24.5, 22.5), (11.0, 5.0)]
 
 
 def test_device_timeline_unions_overlaps_and_counts_idle_gaps():
-    trace = _trace()
     # Kernels (us): [0, 10) and [5, 17.5) overlap (busy 17.5), then idle 482.5 us, [500, 504), idle 1996 us,
     # [2500, 2501). Busy 22.5 us over a 2501 us span; gaps over 0.1 ms: two (2478.5 us), over 1 ms: one.
-    stamps = {10.0: 0.0, 12.5: 5.0, 4.0: 500.0, 1.0: 2500.0}
-    for e in trace["traceEvents"]:
-        if e.get("ph") == "X":
-            e["ts"] = stamps.get(e["dur"], 0.0)
+    trace = _stamped({10.0: 0.0, 12.5: 5.0, 4.0: 500.0, 1.0: 2500.0}, other=0.0)
     got = device_timeline(trace)
     assert got["busy_s"] * 1e6 == pytest.approx(22.5)
     assert got["span_s"] * 1e6 == pytest.approx(2501.0)
