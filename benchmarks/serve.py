@@ -49,7 +49,6 @@ from benchmarks.serve_metrics import (
     targets_table,
 )
 from benchmarks.server_process import (
-    HOST_PHASES,
     GpuMonitor,
     cache_file_count,
     engine_counters,
@@ -69,6 +68,7 @@ from benchmarks.workload import (
     random_requests,
     save_result,
 )
+from jaxllm.stats import STEP_HOST_PHASES
 
 logger = logging.getLogger("jaxllm.benchmarks")
 EMBEDDED_NAMES = ("SmolLM2-135M-Instruct", "embedded")
@@ -545,7 +545,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"({steps['device_wait_ms_per_step']:.2f} ms per step)"
                     + "".join(
                         f"; {phase} {steps[f'host_{phase}_ms_per_step']:.2f} ms"
-                        for phase in HOST_PHASES
+                        for phase in STEP_HOST_PHASES
                         if f"host_{phase}_ms_per_step" in steps
                     )
                 )

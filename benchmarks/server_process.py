@@ -97,7 +97,6 @@ def background_compiles(base_url: str) -> int | None:
 
 
 ENGINE_COUNTERS = {"steps": "jaxllm:engine_steps_total", "wait_s": "jaxllm:step_device_wait_seconds_total"}
-HOST_PHASES = STEP_HOST_PHASES  # jaxllm:step_host_seconds_total{phase=...}
 
 
 def engine_counters(base_url: str) -> dict[str, float] | None:
@@ -110,7 +109,7 @@ def engine_counters(base_url: str) -> dict[str, float] | None:
     values = {k: _metric_sum(text, name) for k, name in ENGINE_COUNTERS.items()}
     if None in values.values():
         return None
-    for phase in HOST_PHASES:
+    for phase in STEP_HOST_PHASES:  # jaxllm:step_host_seconds_total{phase=...}
         v = _metric_sum(text, "jaxllm:step_host_seconds_total", f'phase="{phase}"')
         if v is not None:
             values[f"host_{phase}_s"] = v
@@ -132,7 +131,7 @@ def step_breakdown(before: dict | None, after: dict | None, duration_s: float) -
         "device_wait_ms_per_step": wait / steps * 1e3 if steps else None,
     }
     if steps:
-        for phase in HOST_PHASES:
+        for phase in STEP_HOST_PHASES:
             key = f"host_{phase}_s"
             if key in before and key in after:
                 out[f"host_{phase}_ms_per_step"] = (after[key] - before[key]) / steps * 1e3

@@ -37,7 +37,7 @@ from jaxllm.runner.buckets import BucketPlan
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, packed_size, unpack
 from jaxllm.runner.sampler import SamplerFlags, compute_prompt_logprobs, sample
 from jaxllm.runner.sampling_metadata import SamplingRow, build_sampling_metadata
-from jaxllm.runner.xla_options import model_step_options
+from jaxllm.runner.xla_options import is_small_step, model_step_options
 from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
 from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -342,7 +342,7 @@ class ModelRunner:
 
     def _step_jit(self, shape):
         """The jitted model step whose compiler options suit the bucket (xla_options)."""
-        return self._model_step_small if model_step_options(shape[0]) else self._model_step
+        return self._model_step_small if is_small_step(shape[0]) else self._model_step
 
     def _sample_step(self, logits, smd, flags: SamplerFlags):
         key = (logits.shape[0], flags)

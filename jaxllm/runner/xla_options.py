@@ -20,6 +20,11 @@ SMALL_STEP_TOKENS = 64  # token buckets up to this one get SMALL_STEP_OPTIONS
 SMALL_STEP_OPTIONS = {"xla_gpu_dot_merger_threshold_mb": 256}
 
 
+def is_small_step(num_tokens: int) -> bool:
+    """Whether a `num_tokens` bucket compiles with SMALL_STEP_OPTIONS."""
+    return num_tokens <= SMALL_STEP_TOKENS
+
+
 def model_step_options(num_tokens: int) -> dict:
     """Compiler options of the model step of a `num_tokens` bucket ({} = XLA's defaults)."""
-    return dict(SMALL_STEP_OPTIONS) if num_tokens <= SMALL_STEP_TOKENS else {}
+    return dict(SMALL_STEP_OPTIONS) if is_small_step(num_tokens) else {}
