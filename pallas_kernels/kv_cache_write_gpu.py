@@ -44,6 +44,16 @@ def _write_kernel(
     plgpu.store(vp_ref.at[idx], v_ref[rows, :], mask=valid[:, None])
 
 
+def row_block(t: int, block_t: int) -> int:
+    """Rows per program: the largest power of two <= block_t dividing T when that is >= 8 (the engine's
+    token buckets are powers of two from 8: no padded copy of k and v, which costs two extra kernels
+    per layer at T = 8), else block_t with the rows padded."""
+    b = block_t
+    while b >= 8 and t % b:
+        b //= 2
+    return b if b >= 8 and t % b == 0 else block_t
+
+
 @functools.partial(jax.jit, static_argnames=("block_t", "interpret"), donate_argnums=(2, 3))
 def write_kv_cache_pallas(
     k,  # [T, Hkv, D]
@@ -67,10 +77,13 @@ def write_kv_cache_pallas(
         raise ValueError(f"slot_mapping must be i32[{t}], got {slot_mapping.dtype}{list(slot_mapping.shape)}")
     _, p, ps, _ = k_pages.shape
     n = p * ps
+    block_t = row_block(t, block_t)
     tp = -(-t // block_t) * block_t
-    slots = jnp.pad(slot_mapping, (0, tp - t), constant_values=-1)
-    k = jnp.pad(k.astype(k_pages.dtype), ((0, tp - t), (0, 0), (0, 0)))
-    v = jnp.pad(v.astype(v_pages.dtype), ((0, tp - t), (0, 0), (0, 0)))
+    slots, k, v = slot_mapping, k.astype(k_pages.dtype), v.astype(v_pages.dtype)
+    if tp != t:
+        slots = jnp.pad(slots, (0, tp - t), constant_values=-1)
+        k = jnp.pad(k, ((0, tp - t), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, tp - t), (0, 0), (0, 0)))
     # Compiled, masked stores never touch their address, so no scratch row is needed; interpret mode
     # writes masked rows back with their old value, so it gets a scratch row nobody reads.
     extra = 1 if interpret else 0

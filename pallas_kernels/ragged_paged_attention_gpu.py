@@ -375,12 +375,13 @@ def ragged_paged_attention(
     return from_launch_layout(out, t, hq)
 
 
-def to_launch_layout(x, hkv: int, extra_rows: int = 0):
+def to_launch_layout(x, hkv: int, extra_rows: int = 0, min_group: int = 1):
     """[T, Hq, D] -> [T + extra_rows, Hkv, Gp, D], the layout launch_rows works on: each KV head's query
-    group padded with zeros to a power of two, and `extra_rows` zero rows after the last."""
+    group padded with zeros to a power of two (at least min_group: a layout shared with a kernel that
+    moves whole 8-row tiles), and `extra_rows` zero rows after the last."""
     t, hq, d = x.shape
     g = hq // hkv
-    gp = _next_pow2(g)
+    gp = max(_next_pow2(g), min_group)
     xg = x.reshape(t, hkv, g, d)
     if gp != g or extra_rows:
         xg = jnp.pad(xg, ((0, extra_rows), (0, 0), (0, gp - g), (0, 0)))

@@ -36,6 +36,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.decode_attention_mgpu import DecodeMgpuConfig, decode_launch, decode_rows, group_rows
 from pallas_kernels.ragged_paged_attention_gpu import (
     decode_like,
     from_launch_layout,
@@ -48,6 +49,14 @@ from pallas_kernels.ragged_paged_attention_gpu import (
 from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_mgpu
 from pallas_kernels.rpa_mgpu_schedule import default_config as mgpu_default_config
 
+# Decode-like batches take the persistent Mosaic decode kernel for their decode rows when they have at
+# least DECODE_MIN_UNITS (row, KV head) units, or when no context can pass DECODE_SHORT_CONTEXT tokens
+# (block-table width x page size). Otherwise the Triton kernel's context splits keep more SMs busy: at
+# batch 8 and context 8192 it is 1.18x faster, at batch 8 or 1 and context 640 1.40x / 1.15x slower
+# (one H200; benchmarks/results/2026-12-03-h200-decode-mgpu.json).
+DECODE_MIN_UNITS = 256
+DECODE_SHORT_CONTEXT = 2048
+
 
 def mosaic_covers(t: int, s: int, dtype, page_size: int, head_dim: int, *, soft_cap, sliding_window) -> bool:
     """Whether the Mosaic prefill kernel takes part for these static shapes and options."""
@@ -56,6 +65,30 @@ def mosaic_covers(t: int, s: int, dtype, page_size: int, head_dim: int, *, soft_
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return False
     return page_size >= 8 and mgpu_default_config(head_dim).block_kv % page_size == 0
+
+
+def decode_mosaic_covers(
+    t: int,
+    s: int,
+    b: int,
+    hq: int,
+    hkv: int,
+    dtype,
+    page_size: int,
+    *,
+    soft_cap,
+    sliding_window,
+    min_units: int,
+) -> bool:
+    """Whether the Mosaic decode kernel takes the decode rows of this decode-like batch (static shapes;
+    b: block-table width in pages)."""
+    if soft_cap is not None or sliding_window is not None or not decode_like(t, s):
+        return False
+    if t * hkv < min_units and b * page_size > DECODE_SHORT_CONTEXT:
+        return False
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return False
+    return page_size >= 8 and DecodeMgpuConfig().block_kv % page_size == 0 and group_rows(hq, hkv) <= 64
 
 
 def ragged_paged_attention_hopper(
@@ -71,6 +104,7 @@ def ragged_paged_attention_hopper(
     soft_cap: float | None = None,
     sliding_window: int | None = None,
     mosaic_min_q_len: int = 128,
+    decode_min_units: int = DECODE_MIN_UNITS,
     interpret: bool = False,
 ):
     """Same contract and result as ref_ragged_paged_attention; long prefill chunks on the Mosaic GPU
@@ -80,15 +114,16 @@ def ragged_paged_attention_hopper(
     Mosaic GPU's interpreter runs the kernel's threads as host callbacks, which wait forever when the
     XLA CPU computation calling them also holds the interpreted Triton launches."""
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window)
+    kw.update(mosaic_min_q_len=mosaic_min_q_len, decode_min_units=decode_min_units)
     args = (q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs)
     if interpret:
-        return _hopper(*args, mosaic_min_q_len=mosaic_min_q_len, interpret=True, **kw)
-    return _hopper_jit(*args, mosaic_min_q_len=mosaic_min_q_len, interpret=False, **kw)
+        return _hopper(*args, interpret=True, **kw)
+    return _hopper_jit(*args, interpret=False, **kw)
 
 
 def _hopper(
     q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
-    *, sm_scale, soft_cap, sliding_window, mosaic_min_q_len, interpret,
+    *, sm_scale, soft_cap, sliding_window, mosaic_min_q_len, decode_min_units, interpret,
 ):  # fmt: skip
     validate_args(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
     if mosaic_min_q_len < 2:
@@ -97,6 +132,9 @@ def _hopper(
     hkv, _, ps, _ = k_pages.shape
     s, b = block_tables.shape
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret)
+    cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_units=decode_min_units)
+    if decode_mosaic_covers(t, s, b, hq, hkv, q.dtype, ps, **cover):
+        return _decode_like(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
     if not mosaic_covers(t, s, q.dtype, ps, d, soft_cap=soft_cap, sliding_window=sliding_window):
         return ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
 
@@ -120,6 +158,32 @@ def _hopper(
     return from_launch_layout(out, t, hq)
 
 
+def _decode_like(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, interpret, **kw):
+    """A decode-like batch: its decode rows on the Mosaic decode kernel, then its short chunks and padding
+    rows on the Triton kernel's decode-like config, written into that output in place. Both work on the
+    launch layout with query groups padded to whole 8-row tiles (the Mosaic kernel's TMA unit)."""
+    t, hq, d = q.shape
+    hkv, _, ps, _ = k_pages.shape
+    s, b = block_tables.shape
+    cfg = resolve_config(t, s, hq, hkv, d, ps, b, k_splits=1)
+    qg = to_launch_layout(q, hkv, cfg["block_q"] if interpret else 0, min_group=8)
+    rows = decode_rows(kv_lens, cu_q_lens, num_seqs, qg.shape[0], only_decode=True)
+    mcfg = DecodeMgpuConfig(pv_mode="smem") if interpret else DecodeMgpuConfig()
+    if interpret:  # see prefill_paged_attention_mgpu: the interpreter wants ready inputs
+        jax.block_until_ready((qg, rows, k_pages, v_pages, block_tables))
+    out = decode_launch(
+        qg, k_pages, v_pages, rows, block_tables, sm_scale=kw["sm_scale"], config=mcfg, interpret=interpret
+    )
+    out = launch_rows(
+        qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg, t=t, select="prefill",
+        prior=out, interpret=interpret, **kw,
+    )  # fmt: skip
+    return from_launch_layout(out, t, hq)
+
+
 _hopper_jit = jax.jit(
-    _hopper, static_argnames=("sm_scale", "soft_cap", "sliding_window", "mosaic_min_q_len", "interpret")
-)
+    _hopper,
+    static_argnames=(
+        "sm_scale", "soft_cap", "sliding_window", "mosaic_min_q_len", "decode_min_units", "interpret"
+    ),
+)  # fmt: skip

@@ -23,11 +23,20 @@ from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
 
 
 def resolve_backend(backend: str) -> str:
-    """"auto": the Triton-lowered kernels on a GPU (pallas-hopper measured no faster end to end on the
-    H200 at 512-token prompts; see pallas_kernels/ragged_paged_attention_hopper.py), reference elsewhere."""
+    """ "auto": on a Hopper GPU (sm_90) "pallas-hopper", whose persistent Mosaic GPU decode kernel reads
+    the KV cache at 3.7-4.1 TB/s where the Triton kernel reaches 3.2-3.4 (one H200, batch >= 256;
+    benchmarks/decode_mgpu.py); on other GPUs the Triton-lowered "pallas"; the plain-jnp reference
+    elsewhere."""
     if backend != "auto":
         return backend
-    return "pallas" if jax.default_backend() == "gpu" else "reference"
+    if jax.default_backend() != "gpu":
+        return "reference"
+    return "pallas-hopper" if is_hopper(jax.devices()[0]) else "pallas"
+
+
+def is_hopper(device) -> bool:
+    """sm_90 (H100/H200/GH200): what the Mosaic GPU kernels (wgmma, TMA) are built for."""
+    return str(getattr(device, "compute_capability", "")).split(".")[0] == "9"
 
 
 def paged_attention(
@@ -85,13 +94,29 @@ def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap
         hopper = backend == "pallas-hopper"
         op = gpu_ops.ragged_paged_attention_hopper if hopper else gpu_ops.ragged_paged_attention
         out = op(
-            q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs,
-            sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window,
+            q,
+            k_pages,
+            v_pages,
+            md.kv_lens,
+            md.block_tables,
+            md.cu_q_lens,
+            md.num_seqs,
+            sm_scale=sm_scale,
+            soft_cap=soft_cap,
+            sliding_window=sliding_window,
         )
     else:
         k_pages, v_pages = ref_write_kv_cache(k, v, k_pages, v_pages, md.slot_mapping)
         out = ref_ragged_paged_attention(
-            q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs,
-            sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window,
+            q,
+            k_pages,
+            v_pages,
+            md.kv_lens,
+            md.block_tables,
+            md.cu_q_lens,
+            md.num_seqs,
+            sm_scale=sm_scale,
+            soft_cap=soft_cap,
+            sliding_window=sliding_window,
         )
     return out, (k_pages, v_pages)

@@ -8,6 +8,7 @@ import pytest
 
 from pallas_kernels.gpu_ops import write_kv_cache_pallas, write_kv_cache_xla
 from pallas_kernels.kv_cache_write import ref_write_kv_cache
+from pallas_kernels.kv_cache_write_gpu import row_block
 
 
 def _problem(t, hkv, p, ps, d, dtype, seed=0):
@@ -38,3 +39,18 @@ def test_write_matches_reference(dtype, ps, which, interpret):
     s = np.asarray(slots)[:-3]
     got = np.asarray(ok, np.float32).reshape(2, -1, 64)[:, s]
     assert np.array_equal(got, np.swapaxes(np.asarray(k, np.float32)[:-3], 0, 1))
+
+
+@pytest.mark.parametrize("t, block", [(8, 8), (24, 8), (32, 16), (37, 16), (40, 8), (4, 16), (1, 16)])
+def test_row_block_divides_t_or_pads(t, block):
+    """Rows per program: a power-of-two divisor of T of at least 8 (no padded copy), else 16 with padding."""
+    assert row_block(t, 16) == block
+
+
+@pytest.mark.parametrize("t", [8, 24, 4])
+def test_write_without_and_with_padding(t, interpret):
+    """T = 8 and 24 run 8-row programs with no padding; T = 4 pads to one 16-row program."""
+    k, v, kp, vp, slots = _problem(t, 2, 5, 16, 64, jnp.bfloat16, seed=t)
+    rk, rv = ref_write_kv_cache(k, v, kp, vp, slots)
+    ok, ov = write_kv_cache_pallas(k, v, jnp.array(kp), jnp.array(vp), slots, interpret=interpret)
+    assert bool((ok == rk).all()) and bool((ov == rv).all())

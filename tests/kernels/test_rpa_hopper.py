@@ -12,7 +12,11 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
-from pallas_kernels.ragged_paged_attention_hopper import mosaic_covers, ragged_paged_attention_hopper
+from pallas_kernels.ragged_paged_attention_hopper import (
+    decode_mosaic_covers,
+    mosaic_covers,
+    ragged_paged_attention_hopper,
+)
 from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_mgpu
 from pallas_kernels.rpa_mgpu_schedule import MgpuConfig, max_padded_items, work_items
 from tests.kernels.cases import assert_matches_reference, make_problem, rel_err
@@ -31,6 +35,9 @@ CASES = [
     ([1, 150, 1, 20], [1023, 300, 513, 20], jnp.bfloat16, 16, (4, 2), 64, 128, {"soft_cap": 20.0}),
     ([1, 150, 3], [64, 200, 40], jnp.bfloat16, 16, (4, 2), 64, 128, {"sliding_window": 50}),
     ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 2, {}),  # decode-like batch
+    # Decode-like batches on the Mosaic decode kernel (their chunks and padding rows on the Triton one).
+    ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 128, {"decode_min_units": 1}),
+    ([1, 3, 1, 1], [1023, 40, 17, 64], jnp.float16, 8, (8, 1), 128, 128, {"decode_min_units": 1}),
 ]
 
 
@@ -45,7 +52,8 @@ def _id(c):
 def test_matches_reference(case, interpret):
     q_lens, kv_lens, dtype, ps, (hq, hkv), d, min_q_len, kw = case
     prob = make_problem(q_lens, kv_lens, hq=hq, hkv=hkv, d=d, page_size=ps, dtype=dtype)
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=d**-0.5, **kw)
+    ref_kw = {k: v for k, v in kw.items() if k in ("soft_cap", "sliding_window")}
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=d**-0.5, **ref_kw)
     out = ragged_paged_attention_hopper(
         *prob.args(), sm_scale=d**-0.5, mosaic_min_q_len=min_q_len, interpret=interpret, **kw
     )
@@ -65,6 +73,24 @@ def test_llama_shapes_on_gpu(on_gpu):
     assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
 
 
+@pytest.mark.gpu
+def test_llama_decode_batch_on_gpu(on_gpu):
+    """A decode-like Llama-3.1-8B batch of 64 sequences (512 units: the Mosaic decode kernel) with one
+    3-row chunk (the Triton kernel) and padding rows."""
+    if not on_gpu:
+        pytest.skip("needs --gpu")
+    kv_lens = [640, 1, 17, 2048, 1000, 33, 129, 511] * 8
+    q_lens = [1] * 63 + [3]
+    prob = make_problem(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16, dtype=jnp.bfloat16, pad_rows=5)
+    t, s = prob.q.shape[0], prob.kv_lens.shape[0]
+    assert decode_mosaic_covers(
+        t, s, 32, 8, jnp.bfloat16, 16, soft_cap=None, sliding_window=None, min_units=256
+    )
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=128**-0.5)
+    out = ragged_paged_attention_hopper(*prob.args(), sm_scale=128**-0.5)
+    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+
+
 @pytest.mark.own_process
 def test_mosaic_takes_exactly_the_long_chunks(interpret):
     """With min_q_len the Mosaic kernel answers the long chunks and leaves every other row zero, so the
@@ -72,7 +98,8 @@ def test_mosaic_takes_exactly_the_long_chunks(interpret):
     q_lens, kv_lens = [1, 150, 20, 1, 64], [300, 150, 220, 9, 64]
     prob = make_problem(q_lens, kv_lens, hq=2, hkv=1, d=64, page_size=16, dtype=jnp.bfloat16)
     out = np.asarray(
-        prefill_paged_attention_mgpu(*prob.args(), sm_scale=0.125, min_q_len=64, interpret=interpret), np.float32
+        prefill_paged_attention_mgpu(*prob.args(), sm_scale=0.125, min_q_len=64, interpret=interpret),
+        np.float32,
     )
     ref = np.asarray(ref_ragged_paged_attention(*prob.args(), sm_scale=0.125), np.float32)
     cu = np.concatenate([[0], np.cumsum(q_lens)])
@@ -124,6 +151,18 @@ def test_coverage_rules():
     assert not mosaic_covers(2048, 256, jnp.bfloat16, 4, 128, **kw)  # page below 8
     assert not mosaic_covers(2048, 256, jnp.bfloat16, 128, 256, **kw)  # does not divide 64-token blocks
     assert not mosaic_covers(2048, 256, jnp.bfloat16, 16, 128, soft_cap=30.0, sliding_window=None)
+
+
+def test_decode_coverage_rules():
+    kw = dict(soft_cap=None, sliding_window=None, min_units=256)
+    assert decode_mosaic_covers(32, 32, 513, 32, 8, jnp.bfloat16, 16, **kw)  # 256 units
+    assert not decode_mosaic_covers(16, 16, 513, 32, 8, jnp.bfloat16, 16, **kw)  # 128 units: Triton's splits
+    assert decode_mosaic_covers(8, 8, 64, 32, 8, jnp.bfloat16, 16, **kw)  # ... unless contexts stay short
+    assert not decode_mosaic_covers(2048, 256, 64, 32, 8, jnp.bfloat16, 16, **kw)  # not decode-like
+    assert not decode_mosaic_covers(256, 256, 64, 32, 8, jnp.float32, 16, **kw)
+    assert not decode_mosaic_covers(256, 256, 64, 32, 8, jnp.bfloat16, 4, **kw)  # page below 8
+    assert not decode_mosaic_covers(256, 256, 64, 128, 1, jnp.bfloat16, 16, **kw)  # 128 heads per KV head
+    assert not decode_mosaic_covers(256, 256, 64, 32, 8, jnp.bfloat16, 16, **{**kw, "soft_cap": 30.0})
 
 
 def test_rejects_min_q_len_below_two():

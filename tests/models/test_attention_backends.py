@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxllm.config import ATTENTION_BACKENDS, RunnerConfig
-from jaxllm.layers.attention import paged_attention, resolve_backend
+from jaxllm.layers.attention import is_hopper, paged_attention, resolve_backend
 from jaxllm.layers.attention_metadata import AttentionMetadata
 from pallas_kernels import gpu_ops
 from pallas_kernels.kv_cache_write import ref_write_kv_cache
@@ -78,6 +78,15 @@ def test_config_names_the_backends():
     assert RunnerConfig(attention_backend="pallas-hopper").attention_backend == "pallas-hopper"
     with pytest.raises(ValueError, match="attention_backend='mosaic' must be one of"):
         RunnerConfig(attention_backend="mosaic")
-    # "auto" picks the portable kernel until the Hopper path is measured better end to end.
     assert resolve_backend("pallas-hopper") == "pallas-hopper"
-    assert resolve_backend("auto") in ("reference", "pallas")
+    assert resolve_backend("auto") == "reference"  # no GPU here
+
+
+@pytest.mark.parametrize(
+    "cc, hopper", [("9.0", True), ("8.0", False), ("10.0", False), ("", False), (None, False)]
+)
+def test_auto_takes_the_hopper_kernels_only_on_sm90(cc, hopper):
+    class Device:
+        compute_capability = cc
+
+    assert is_hopper(Device()) is hopper
