@@ -117,7 +117,9 @@ class ParallelConfig:
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
-    attention_backend: str = "auto"  # auto: pallas on GPU, reference elsewhere; pallas-hopper: sm_90 prefill
+    # auto: pallas-hopper on sm_90 (Mosaic GPU decode and long-prefill kernels), pallas on other GPUs,
+    # reference elsewhere (jaxllm/layers/attention.py: resolve_backend)
+    attention_backend: str = "auto"
     enforce_eager: bool = False  # skip ahead-of-time compilation of every bucket at startup
     # Compile every bucket at startup. None: on accelerators yes; on the host no (each variant of a
     # 30-layer model costs seconds of CPU there), so variants compile on first use and land in the

@@ -1,8 +1,8 @@
 """Public GPU ops of pallas_kernels, the names the attention layer calls.
 
 ragged_paged_attention: the Pallas kernel (ragged_paged_attention_gpu.py), Triton-lowered.
-ragged_paged_attention_hopper: the same contract with long prefill chunks on the Mosaic GPU kernel
-(ragged_paged_attention_hopper.py; sm_90 only).
+ragged_paged_attention_hopper: the same contract with decode batches and long prefill chunks on the
+Mosaic GPU kernels (ragged_paged_attention_hopper.py; sm_90 only).
 write_kv_cache: the Pallas kernel (kv_cache_write_gpu.py), chosen by measurement on the H200
 (benchmarks/kernels.py, "kv_write" rows: 8192 rows of Llama-3.1-8B K/V in 40 us against 141 us for
 XLA's scatter; 64 rows equal, both at launch cost). XLA's scatter under donation stays available as

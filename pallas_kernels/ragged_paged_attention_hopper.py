@@ -1,9 +1,19 @@
 """Ragged paged attention on Hopper: each row of the batch goes to the kernel that is fastest for it.
 
-Data flow of one call (one output buffer, written by up to three launches in turn):
+Decode-like batches (at most two rows per sequence) with enough work for the persistent Mosaic decode
+kernel (decode_attention_mgpu.py: at least DECODE_MIN_UNITS (row, KV head) units) run there
+(`_decode_like`):
+  - T == S (the engine's decode buckets): every row, chunk rows included, on that kernel; one launch.
+  - S < T <= 2 S: the decode rows on that kernel, then the short chunks and the padding rows on the
+    Triton kernel's decode-like config, written into the same output in place.
+On the H200 that kernel reads the KV cache at 3.7-4.1 TB/s at batch 256-1000 where the Triton kernel
+reaches 3.2-3.4 (benchmarks/decode_mgpu.py, results/2026-12-03-h200-decode-mgpu.json). Smaller batches
+stay on the Triton kernel, whose context splits keep more SMs busy.
+
+Other batches (one output buffer, written by up to three launches in turn):
   1. Prefill chunks of at least `mosaic_min_q_len` query rows (one TILE, 128, by default) go to the
-     Mosaic GPU kernel (ragged_paged_attention_mgpu.py; wgmma, per-page TMA, warp-specialised: 461 /
-     543 TFLOP/s at 4 x 2048 / 1 x 8192 causal on the H200 against the Triton kernel's 214 / 252).
+     Mosaic GPU prefill kernel (ragged_paged_attention_mgpu.py; wgmma, per-page TMA, warp-specialised:
+     461 / 543 TFLOP/s at 4 x 2048 / 1 x 8192 causal on the H200 against the Triton kernel's 214 / 252).
      Every other row comes out zero. Only long chunks are taken because that kernel works on whole
      128-row tiles of one sequence gathered into a padded copy of q: a short chunk would cost a whole
      tile of gather and tensor work, and with at most T / 128 such chunks the padded copy stays within
@@ -15,15 +25,13 @@ Data flow of one call (one output buffer, written by up to three launches in tur
 Steps 2 and 3 are the two launches of ragged_paged_attention_gpu's split_decode path, each told to
 leave the long chunks alone.
 
-Batches the Mosaic kernel does not cover fall back to ragged_paged_attention_gpu as a whole: decode-like
-batches (at most two rows per sequence: nothing to gain), a logit soft cap or sliding window, float32,
-page sizes below 8 or not dividing its 128-token KV blocks (64 at head_dim 256).
+What neither Mosaic kernel covers runs on ragged_paged_attention_gpu as a whole: a logit soft cap or
+sliding window, float32, page sizes below 8 or not dividing the kernels' KV blocks.
 
-Measured on the H200 (2026-12-03, Llama-3.1-8B shape, offline 1000 x 512 -> 256 with 2048-token steps):
-8,777 output tok/s against 8,804 for the Triton kernel alone, the same within noise. In those steps the
-prefill attention is 4 ms of 50 (the matmuls take 39 ms at the card's matmul rate), and 512-token
-chunks are where the Mosaic kernel's lead is smallest. So the engine's "auto" stays on the Triton
-kernel; this path is for long prompts, where prefill attention grows with the square of the length.
+Measured on the H200 (2026-12-03, Llama-3.1-8B shape, offline 1000 x 512 -> 256 with 2048-token steps,
+before the decode kernel): 8,777 output tok/s against 8,804 for the Triton kernel alone, the same
+within noise: the prefill attention is 4 ms of a 50 ms step whose matmuls take 39 ms. The prefill
+kernel matters for long prompts, where prefill attention grows with the square of the length.
 
 Shapes (dimension letters as in pallas_kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
 [Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
@@ -50,12 +58,12 @@ from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_m
 from pallas_kernels.rpa_mgpu_schedule import default_config as mgpu_default_config
 
 # Decode-like batches take the persistent Mosaic decode kernel for their decode rows when they have at
-# least DECODE_MIN_UNITS (row, KV head) units, or when no context can pass DECODE_SHORT_CONTEXT tokens
-# (block-table width x page size). Otherwise the Triton kernel's context splits keep more SMs busy: at
-# batch 8 and context 8192 it is 1.18x faster, at batch 8 or 1 and context 640 1.40x / 1.15x slower
-# (one H200; benchmarks/results/2026-12-03-h200-decode-mgpu.json).
+# least DECODE_MIN_UNITS (row, KV head) units. Below that the Triton kernel's context splits keep more SMs
+# busy: inside a Llama-3.1-8B step on the H200 (benchmarks/step_profile.py) its batch-1 attention took
+# 9.7 us per layer, and serving at concurrency 1 lost 0.23 ms per token with the Mosaic kernel there
+# (results/2026-12-04-h200-serve-llama8b-mgpu-decode-sweep.json); at batch 32 the Mosaic kernel took 25.7
+# us per layer against 32.5.
 DECODE_MIN_UNITS = 256
-DECODE_SHORT_CONTEXT = 2048
 
 
 def mosaic_covers(t: int, s: int, dtype, page_size: int, head_dim: int, *, soft_cap, sliding_window) -> bool:
@@ -68,23 +76,12 @@ def mosaic_covers(t: int, s: int, dtype, page_size: int, head_dim: int, *, soft_
 
 
 def decode_mosaic_covers(
-    t: int,
-    s: int,
-    b: int,
-    hq: int,
-    hkv: int,
-    dtype,
-    page_size: int,
-    *,
-    soft_cap,
-    sliding_window,
-    min_units: int,
+    t: int, s: int, hq: int, hkv: int, dtype, page_size: int, *, soft_cap, sliding_window, min_units: int
 ) -> bool:
-    """Whether the Mosaic decode kernel takes the decode rows of this decode-like batch (static shapes;
-    b: block-table width in pages)."""
+    """Whether the Mosaic decode kernel takes the decode rows of this decode-like batch (static shapes)."""
     if soft_cap is not None or sliding_window is not None or not decode_like(t, s):
         return False
-    if t * hkv < min_units and b * page_size > DECODE_SHORT_CONTEXT:
+    if t * hkv < min_units:
         return False
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return False
@@ -133,7 +130,7 @@ def _hopper(
     s, b = block_tables.shape
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret)
     cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_units=decode_min_units)
-    if decode_mosaic_covers(t, s, b, hq, hkv, q.dtype, ps, **cover):
+    if decode_mosaic_covers(t, s, hq, hkv, q.dtype, ps, **cover):
         return _decode_like(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
     if not mosaic_covers(t, s, q.dtype, ps, d, soft_cap=soft_cap, sliding_window=sliding_window):
         return ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
@@ -159,21 +156,31 @@ def _hopper(
 
 
 def _decode_like(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, interpret, **kw):
-    """A decode-like batch: its decode rows on the Mosaic decode kernel, then its short chunks and padding
-    rows on the Triton kernel's decode-like config, written into that output in place. Both work on the
-    launch layout with query groups padded to whole 8-row tiles (the Mosaic kernel's TMA unit)."""
+    """A decode-like batch on the launch layout with query groups padded to whole 8-row tiles (the Mosaic
+    kernel's TMA unit).
+
+    With as many rows as sequences (T == S: the engine's decode buckets) every row goes to the Mosaic
+    decode kernel, a row of a short chunk included (it reads its context up to its own position), and
+    no Triton launch follows: T rows each reading at most the longest context is the cost of a full
+    decode batch of that bucket anyway, whereas the Triton launch over an empty set of chunks still took
+    4-11 us per layer at batch 32-256 (H200). With more rows than sequences (up to 2 S) a chunk could
+    multiply that bound, so only the decode rows go to the Mosaic kernel, and the short chunks and the
+    padding rows to the Triton kernel's decode-like config, written into that output in place."""
     t, hq, d = q.shape
     hkv, _, ps, _ = k_pages.shape
     s, b = block_tables.shape
+    all_rows = t == s
     cfg = resolve_config(t, s, hq, hkv, d, ps, b, k_splits=1)
-    qg = to_launch_layout(q, hkv, cfg["block_q"] if interpret else 0, min_group=8)
-    rows = decode_rows(kv_lens, cu_q_lens, num_seqs, qg.shape[0], only_decode=True)
+    qg = to_launch_layout(q, hkv, cfg["block_q"] if interpret and not all_rows else 0, min_group=8)
+    rows = decode_rows(kv_lens, cu_q_lens, num_seqs, qg.shape[0], only_decode=not all_rows)
     mcfg = DecodeMgpuConfig(pv_mode="smem") if interpret else DecodeMgpuConfig()
     if interpret:  # see prefill_paged_attention_mgpu: the interpreter wants ready inputs
         jax.block_until_ready((qg, rows, k_pages, v_pages, block_tables))
     out = decode_launch(
         qg, k_pages, v_pages, rows, block_tables, sm_scale=kw["sm_scale"], config=mcfg, interpret=interpret
     )
+    if all_rows:
+        return from_launch_layout(out, t, hq)
     out = launch_rows(
         qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg, t=t, select="prefill",
         prior=out, interpret=interpret, **kw,

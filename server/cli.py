@@ -79,8 +79,9 @@ def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -
         "--attention-backend",
         default="auto",
         choices=ATTENTION_BACKENDS,
-        help="auto: pallas on a GPU, reference elsewhere; pallas-hopper: long prefill chunks on the Mosaic "
-        "GPU kernel (H100/H200)",
+        help="auto: pallas-hopper on an H100/H200 (sm_90), pallas on other GPUs, reference elsewhere; "
+        "pallas-hopper: decode batches and long prefill chunks on the Mosaic GPU kernels, the rest on the "
+        "Triton-lowered pallas kernel",
     )
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
     p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES)

@@ -95,14 +95,22 @@ def apply_rotary(
     inv_freq: jax.Array,  # f32[D/2] or f32[T, D/2]
     attention_factor: float = 1.0,
 ) -> jax.Array:  # [T, H, D], x.dtype
+    """The "rotate half" rotation: with x = [x1, x2] (halves of D), out = [x1 cos - x2 sin, x2 cos + x1 sin].
+
+    Written without concatenation: the halves are a size-2 axis, and [-x2, x1] is that axis reversed
+    times a sign, so the whole rotation is elementwise work on x that XLA fuses into one loop with its
+    neighbours (the cast, the attention kernel's layout padding) instead of separate concatenate
+    kernels (two per layer, about 1.6 us each, at batch 1 on the H200)."""
     inv_freq = jnp.asarray(inv_freq, jnp.float32)
     if inv_freq.ndim == 1:
         inv_freq = inv_freq[None, :]
+    t, h, d = x.shape
     freqs = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [T, D]
-    cos = (jnp.cos(emb) * attention_factor)[:, None, :]
-    sin = (jnp.sin(emb) * attention_factor)[:, None, :]
-    xf = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-    return (xf * cos + rotated * sin).astype(x.dtype)
+    cos = (jnp.cos(freqs) * attention_factor)[:, None, None, :]  # [T, 1, 1, D/2]
+    sin = (jnp.sin(freqs) * attention_factor)[:, None, None, :]
+    # [2, 1]: [-1, 1], the first half takes -x2 sin (from an iota: an array constant would be hoisted out
+    # of the layer's shared trace, models/layer_trace.py)
+    sign = 2.0 * jax.lax.broadcasted_iota(jnp.float32, (2, 1), 0) - 1.0
+    xf = x.astype(jnp.float32).reshape(t, h, 2, d // 2)
+    out = xf * cos + xf[:, :, ::-1, :] * (sign * sin)
+    return out.reshape(t, h, d).astype(x.dtype)

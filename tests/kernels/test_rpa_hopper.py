@@ -92,6 +92,34 @@ def test_llama_decode_batch_on_gpu(on_gpu):
 
 
 @pytest.mark.own_process
+@pytest.mark.parametrize(
+    "q_lens, kv_lens, pad_rows, pad_seqs",
+    [
+        ([1, 3, 1, 1], [1023, 40, 17, 64], 2, 4),  # a 3-row chunk and padding rows in a T == S bucket
+        ([1, 1, 1], [130, 1, 700], 1, 1),  # decodes only, one padding row
+    ],
+)
+def test_decode_bucket_takes_every_row(q_lens, kv_lens, pad_rows, pad_seqs, interpret, monkeypatch):
+    """With as many rows as sequences (T == S) the Mosaic decode kernel answers every row, the chunk's
+    rows each over its context up to its own position, and no Triton launch follows."""
+    import pallas_kernels.ragged_paged_attention_hopper as hopper
+
+    prob = make_problem(
+        q_lens, kv_lens, hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
+        pad_rows=pad_rows, pad_seqs=pad_seqs,
+    )  # fmt: skip
+    assert prob.q.shape[0] == prob.kv_lens.shape[0]
+
+    def no_triton(*args, **kwargs):
+        raise AssertionError("a T == S decode batch launched the Triton kernel")
+
+    monkeypatch.setattr(hopper, "launch_rows", no_triton)
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=0.125)
+    out = ragged_paged_attention_hopper(*prob.args(), sm_scale=0.125, decode_min_units=1, interpret=interpret)
+    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+
+
+@pytest.mark.own_process
 def test_mosaic_takes_exactly_the_long_chunks(interpret):
     """With min_q_len the Mosaic kernel answers the long chunks and leaves every other row zero, so the
     Triton launches that follow own the rest; a wrong routing shows up here as well as in the result."""
@@ -155,14 +183,14 @@ def test_coverage_rules():
 
 def test_decode_coverage_rules():
     kw = dict(soft_cap=None, sliding_window=None, min_units=256)
-    assert decode_mosaic_covers(32, 32, 513, 32, 8, jnp.bfloat16, 16, **kw)  # 256 units
-    assert not decode_mosaic_covers(16, 16, 513, 32, 8, jnp.bfloat16, 16, **kw)  # 128 units: Triton's splits
-    assert decode_mosaic_covers(8, 8, 64, 32, 8, jnp.bfloat16, 16, **kw)  # ... unless contexts stay short
-    assert not decode_mosaic_covers(2048, 256, 64, 32, 8, jnp.bfloat16, 16, **kw)  # not decode-like
-    assert not decode_mosaic_covers(256, 256, 64, 32, 8, jnp.float32, 16, **kw)
-    assert not decode_mosaic_covers(256, 256, 64, 32, 8, jnp.bfloat16, 4, **kw)  # page below 8
-    assert not decode_mosaic_covers(256, 256, 64, 128, 1, jnp.bfloat16, 16, **kw)  # 128 heads per KV head
-    assert not decode_mosaic_covers(256, 256, 64, 32, 8, jnp.bfloat16, 16, **{**kw, "soft_cap": 30.0})
+    assert decode_mosaic_covers(32, 32, 32, 8, jnp.bfloat16, 16, **kw)  # 256 units
+    assert not decode_mosaic_covers(16, 16, 32, 8, jnp.bfloat16, 16, **kw)  # 128 units: Triton's splits
+    assert not decode_mosaic_covers(8, 8, 32, 8, jnp.bfloat16, 16, **kw)  # short contexts too
+    assert not decode_mosaic_covers(2048, 256, 32, 8, jnp.bfloat16, 16, **kw)  # not decode-like
+    assert not decode_mosaic_covers(256, 256, 32, 8, jnp.float32, 16, **kw)
+    assert not decode_mosaic_covers(256, 256, 32, 8, jnp.bfloat16, 4, **kw)  # page below 8
+    assert not decode_mosaic_covers(256, 256, 128, 1, jnp.bfloat16, 16, **kw)  # 128 heads per KV head
+    assert not decode_mosaic_covers(256, 256, 32, 8, jnp.bfloat16, 16, **{**kw, "soft_cap": 30.0})
 
 
 def test_rejects_min_q_len_below_two():
