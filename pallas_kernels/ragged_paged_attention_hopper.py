@@ -11,8 +11,8 @@ reaches 3.2-3.4 (benchmarks/decode_mgpu.py, results/2026-12-03-h200-decode-mgpu.
 stay on the Triton kernel, whose context splits keep more SMs busy.
 
 Other batches (one output buffer, written by up to three launches in turn):
-  1. Prefill chunks of at least `mosaic_min_q_len` query rows (one TILE, 128, by default) go to the
-     Mosaic GPU prefill kernel (ragged_paged_attention_mgpu.py; wgmma, per-page TMA, warp-specialised:
+  1. Where contexts can reach PREFILL_MIN_CONTEXT tokens, prefill chunks of at least `mosaic_min_q_len`
+     query rows (one TILE, 128, by default) go to the Mosaic GPU prefill kernel (ragged_paged_attention_mgpu.py; wgmma, per-page TMA, warp-specialised:
      461 / 543 TFLOP/s at 4 x 2048 / 1 x 8192 causal on the H200 against the Triton kernel's 214 / 252).
      Every other row comes out zero. Only long chunks are taken because that kernel works on whole
      128-row tiles of one sequence gathered into a padded copy of q: a short chunk would cost a whole
@@ -25,8 +25,9 @@ Other batches (one output buffer, written by up to three launches in turn):
 Steps 2 and 3 are the two launches of ragged_paged_attention_gpu's split_decode path, each told to
 leave the long chunks alone.
 
-What neither Mosaic kernel covers runs on ragged_paged_attention_gpu as a whole: a logit soft cap or
-sliding window, float32, page sizes below 8 or not dividing the kernels' KV blocks.
+What neither Mosaic kernel covers runs on ragged_paged_attention_gpu as a whole: shorter block tables
+(step 1 skipped), a logit soft cap or sliding window, float32, page sizes below 8 or not dividing the
+kernels' KV blocks.
 
 Measured on the H200 (2026-12-03, Llama-3.1-8B shape, offline 1000 x 512 -> 256 with 2048-token steps,
 before the decode kernel): 8,777 output tok/s against 8,804 for the Triton kernel alone, the same
@@ -66,9 +67,23 @@ from pallas_kernels.rpa_mgpu_schedule import default_config as mgpu_default_conf
 DECODE_MIN_UNITS = 256
 
 
-def mosaic_covers(t: int, s: int, dtype, page_size: int, head_dim: int, *, soft_cap, sliding_window) -> bool:
-    """Whether the Mosaic prefill kernel takes part for these static shapes and options."""
+# The Mosaic prefill kernel takes part only where a context can reach PREFILL_MIN_CONTEXT tokens (block-
+# table width x page size, i.e. max_model_len). Its lead grows with the context (2.2x the Triton kernel
+# at 4 x 2048 causal, H200), but at the Llama-3.1-8B shape prefill attention is 3% of a 2048-token
+# prompt's FLOPs (13% at 8192), and 512-token prompts ran no faster end to end (8,777 vs 8,804 output
+# tok/s). Each step variant that holds it costs about 0.7 s more to trace and lower, with a warm
+# compilation cache too (0.8 s against 0.12 for the Triton kernel; results/2026-12-04-h200-op-load.log).
+PREFILL_MIN_CONTEXT = 8192
+
+
+def mosaic_covers(
+    t: int, s: int, b: int, dtype, page_size: int, head_dim: int, *, soft_cap, sliding_window, min_context: int
+) -> bool:
+    """Whether the Mosaic prefill kernel takes part for these static shapes (b: block-table width in pages)
+    and options."""
     if soft_cap is not None or sliding_window is not None or decode_like(t, s):
+        return False
+    if b * page_size < min_context:
         return False
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return False
@@ -101,17 +116,22 @@ def ragged_paged_attention_hopper(
     soft_cap: float | None = None,
     sliding_window: int | None = None,
     mosaic_min_q_len: int = 128,
+    prefill_min_context: int = PREFILL_MIN_CONTEXT,
     decode_min_units: int = DECODE_MIN_UNITS,
     interpret: bool = False,
 ):
-    """Same contract and result as ref_ragged_paged_attention; long prefill chunks on the Mosaic GPU
-    kernel (sm_90), everything else on the Triton-lowered kernel (module docstring).
+    """Same contract and result as ref_ragged_paged_attention; decode batches and (with long block tables)
+    long prefill chunks on the Mosaic GPU kernels (sm_90), everything else on the Triton-lowered kernel
+    (module docstring). prefill_min_context and decode_min_units move the static rules (tests set them
+    to route small problems to the Mosaic kernels).
 
     Compiled as one jitted computation on the GPU. In interpret mode the parts run one by one instead:
     Mosaic GPU's interpreter runs the kernel's threads as host callbacks, which wait forever when the
     XLA CPU computation calling them also holds the interpreted Triton launches."""
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window)
-    kw.update(mosaic_min_q_len=mosaic_min_q_len, decode_min_units=decode_min_units)
+    kw.update(
+        mosaic_min_q_len=mosaic_min_q_len, prefill_min_context=prefill_min_context, decode_min_units=decode_min_units
+    )
     args = (q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs)
     if interpret:
         return _hopper(*args, interpret=True, **kw)
@@ -120,7 +140,7 @@ def ragged_paged_attention_hopper(
 
 def _hopper(
     q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
-    *, sm_scale, soft_cap, sliding_window, mosaic_min_q_len, decode_min_units, interpret,
+    *, sm_scale, soft_cap, sliding_window, mosaic_min_q_len, prefill_min_context, decode_min_units, interpret,
 ):  # fmt: skip
     validate_args(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
     if mosaic_min_q_len < 2:
@@ -132,7 +152,8 @@ def _hopper(
     cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_units=decode_min_units)
     if decode_mosaic_covers(t, s, hq, hkv, q.dtype, ps, **cover):
         return _decode_like(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
-    if not mosaic_covers(t, s, q.dtype, ps, d, soft_cap=soft_cap, sliding_window=sliding_window):
+    prefill_cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_context=prefill_min_context)
+    if not mosaic_covers(t, s, b, q.dtype, ps, d, **prefill_cover):
         return ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
 
     long_rows = prefill_paged_attention_mgpu(
@@ -191,6 +212,7 @@ def _decode_like(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs
 _hopper_jit = jax.jit(
     _hopper,
     static_argnames=(
-        "sm_scale", "soft_cap", "sliding_window", "mosaic_min_q_len", "decode_min_units", "interpret"
+        "sm_scale", "soft_cap", "sliding_window", "mosaic_min_q_len", "prefill_min_context", "decode_min_units",
+        "interpret",
     ),
 )  # fmt: skip

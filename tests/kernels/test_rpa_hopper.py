@@ -26,15 +26,17 @@ TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
 # (q_lens, kv_lens, dtype, page_size, (hq, hkv), d, mosaic_min_q_len, extra kwargs). Every batch mixes
 # decode rows, chunks shorter than mosaic_min_q_len and longer ones (two tiles and a ragged tail);
 # lengths 3, 20, 150, 513, 1023 do not line up with pages or tiles.
+P0 = {"prefill_min_context": 0}  # the Mosaic prefill kernel at these short block tables too
 CASES = [
-    ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], jnp.bfloat16, 16, (4, 2), 64, 128, {}),
-    ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], jnp.bfloat16, 16, (4, 2), 64, 16, {}),
-    ([20, 1, 131], [700, 64, 131], jnp.float16, 32, (4, 1), 128, 128, {}),
-    ([40, 1, 70], [40, 9, 500], jnp.bfloat16, 64, (2, 1), 256, 32, {}),
+    ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], jnp.bfloat16, 16, (4, 2), 64, 128, P0),
+    ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], jnp.bfloat16, 16, (4, 2), 64, 16, P0),
+    ([20, 1, 131], [700, 64, 131], jnp.float16, 32, (4, 1), 128, 128, P0),
+    ([40, 1, 70], [40, 9, 500], jnp.bfloat16, 64, (2, 1), 256, 32, P0),
     # Not covered by the Mosaic kernel: the whole batch on the Triton kernel.
-    ([1, 150, 1, 20], [1023, 300, 513, 20], jnp.bfloat16, 16, (4, 2), 64, 128, {"soft_cap": 20.0}),
-    ([1, 150, 3], [64, 200, 40], jnp.bfloat16, 16, (4, 2), 64, 128, {"sliding_window": 50}),
-    ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 2, {}),  # decode-like batch
+    ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], jnp.bfloat16, 16, (4, 2), 64, 16, {}),  # short tables
+    ([1, 150, 1, 20], [1023, 300, 513, 20], jnp.bfloat16, 16, (4, 2), 64, 128, {"soft_cap": 20.0, **P0}),
+    ([1, 150, 3], [64, 200, 40], jnp.bfloat16, 16, (4, 2), 64, 128, {"sliding_window": 50, **P0}),
+    ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 2, P0),  # decode-like batch
     # Decode-like batches on the Mosaic decode kernel (their chunks and padding rows on the Triton one).
     ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 128, {"decode_min_units": 1}),
     ([1, 3, 1, 1], [1023, 40, 17, 64], jnp.float16, 8, (8, 1), 128, 128, {"decode_min_units": 1}),
@@ -69,7 +71,7 @@ def test_llama_shapes_on_gpu(on_gpu):
     q_lens, kv_lens = [1, 1, 512, 1, 300, 40], [700, 2000, 512, 65, 1000, 40]
     prob = make_problem(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16, dtype=jnp.bfloat16)
     ref = ref_ragged_paged_attention(*prob.args(), sm_scale=128**-0.5)
-    out = ragged_paged_attention_hopper(*prob.args(), sm_scale=128**-0.5)
+    out = ragged_paged_attention_hopper(*prob.args(), sm_scale=128**-0.5, prefill_min_context=0)
     assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
 
 
@@ -172,13 +174,15 @@ def test_padded_items_fit_their_bound(seed):
 
 
 def test_coverage_rules():
-    kw = dict(soft_cap=None, sliding_window=None)
-    assert mosaic_covers(2048, 256, jnp.bfloat16, 16, 128, **kw)
-    assert not mosaic_covers(256, 256, jnp.bfloat16, 16, 128, **kw)  # decode-like
-    assert not mosaic_covers(2048, 256, jnp.float32, 16, 128, **kw)
-    assert not mosaic_covers(2048, 256, jnp.bfloat16, 4, 128, **kw)  # page below 8
-    assert not mosaic_covers(2048, 256, jnp.bfloat16, 128, 256, **kw)  # does not divide 64-token blocks
-    assert not mosaic_covers(2048, 256, jnp.bfloat16, 16, 128, soft_cap=30.0, sliding_window=None)
+    kw = dict(soft_cap=None, sliding_window=None, min_context=8192)
+    assert mosaic_covers(2048, 256, 512, jnp.bfloat16, 16, 128, **kw)
+    assert not mosaic_covers(2048, 256, 511, jnp.bfloat16, 16, 128, **kw)  # contexts stay under 8192
+    assert mosaic_covers(2048, 256, 64, jnp.bfloat16, 16, 128, **{**kw, "min_context": 0})
+    assert not mosaic_covers(256, 256, 512, jnp.bfloat16, 16, 128, **kw)  # decode-like
+    assert not mosaic_covers(2048, 256, 512, jnp.float32, 16, 128, **kw)
+    assert not mosaic_covers(2048, 256, 2048, jnp.bfloat16, 4, 128, **kw)  # page below 8
+    assert not mosaic_covers(2048, 256, 64, jnp.bfloat16, 128, 256, **kw)  # does not divide 64-token blocks
+    assert not mosaic_covers(2048, 256, 512, jnp.bfloat16, 16, 128, **{**kw, "soft_cap": 30.0})
 
 
 def test_decode_coverage_rules():
