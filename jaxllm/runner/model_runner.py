@@ -37,7 +37,7 @@ from jaxllm.runner.buckets import BucketPlan
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, packed_size, unpack
 from jaxllm.runner.sampler import SamplerFlags, compute_prompt_logprobs, sample
 from jaxllm.runner.sampling_metadata import SamplingRow, build_sampling_metadata
-from jaxllm.runner.xla_options import is_small_step, model_step_options
+from jaxllm.runner.xla_options import STEP_TIERS, step_tier, tier_options
 from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
 from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -112,12 +112,12 @@ class ModelRunner:
         self.timing = StepTiming()
         self._rows: dict[str, SamplingRow] = {}  # request id -> its sampling row (dropped when finished)
         self.swap: kvc.HostSwapSpace | None = None
-        # The model step, one jit per set of compiler options (xla_options: small buckets merge more dots).
+        # The model step, one jit per tier of compiler options (xla_options: small buckets merge more dots,
+        # large ones run their GEMMs on cuBLAS).
         step_jit = functools.partial(
             jax.jit, self._model_step_impl, donate_argnums=(1,), static_argnames=("shape", "all_logits")
         )
-        self._model_step = step_jit()
-        self._model_step_small = step_jit(compiler_options=model_step_options(1))
+        self._model_steps = {tier: step_jit(compiler_options=tier_options(tier)) for tier in STEP_TIERS}
         # Sampled ids are also returned padded to one width, the next step's `prev_ids` (one shape).
         self.ids_width = max(s for _, s, _ in self.plan.all_shapes())
         self._zero_ids = None
@@ -342,7 +342,7 @@ class ModelRunner:
 
     def _step_jit(self, shape):
         """The jitted model step whose compiler options suit the bucket (xla_options)."""
-        return self._model_step_small if is_small_step(shape[0]) else self._model_step
+        return self._model_steps[step_tier(shape[0])]
 
     def _sample_step(self, logits, smd, flags: SamplerFlags):
         key = (logits.shape[0], flags)
@@ -463,7 +463,7 @@ class ModelRunner:
 
     def model_step_traces(self) -> int:
         """Model-step variants jit compiled on the way (not ahead of time)."""
-        return self._model_step._cache_size() + self._model_step_small._cache_size()
+        return sum(step._cache_size() for step in self._model_steps.values())
 
 
 def _wants_prompt_logprobs(sr: ScheduledRequest) -> bool:

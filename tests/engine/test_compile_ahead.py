@@ -164,32 +164,44 @@ def test_exit_does_not_wait_for_queued_background_compiles(tiny_llama_dir, jax_c
     assert took < min(4.0 + 12.0, queue_s / 2), f"exit took {took:.1f} s; the queue was {queue_s:.0f} s"
 
 
-def test_small_buckets_compile_with_their_xla_options(tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch):
-    """Token buckets up to SMALL_STEP_TOKENS run the model step jitted with SMALL_STEP_OPTIONS, larger
-    ones with XLA's defaults, and the options reach XLA: an unknown option fails the small steps only."""
+def test_buckets_compile_with_their_tier_of_xla_options(
+    tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch
+):
+    """Token buckets up to SMALL_STEP_TOKENS run the model step jitted with SMALL_STEP_OPTIONS, those from
+    LARGE_STEP_TOKENS up with LARGE_STEP_OPTIONS, the rest with XLA's defaults, and the options reach XLA:
+    an unknown option fails its own tier's steps only."""
     from jaxllm.runner import xla_options
 
     assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS) == xla_options.SMALL_STEP_OPTIONS
     assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS + 1) == {}
-    monkeypatch.setattr(xla_options, "SMALL_STEP_TOKENS", 8)  # this model's buckets: 8 | 32, 64
+    assert xla_options.model_step_options(xla_options.LARGE_STEP_TOKENS - 1) == {}
+    assert xla_options.model_step_options(xla_options.LARGE_STEP_TOKENS) == xla_options.LARGE_STEP_OPTIONS
+    # This model's token buckets are 8, 32 and 64: one per tier.
+    monkeypatch.setattr(xla_options, "SMALL_STEP_TOKENS", 8)
+    monkeypatch.setattr(xla_options, "LARGE_STEP_TOKENS", 64)
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
     runner = llm.llm_engine.runner
-    assert _greedy(llm) == jit_tokens  # prompts of 5-70 tokens: steps of small and large buckets
-    assert runner._model_step_small._cache_size() >= 1 and runner._model_step._cache_size() >= 1
-    small = [t for t in runner.plan.token_buckets if t <= xla_options.SMALL_STEP_TOKENS]
-    large = [t for t in runner.plan.token_buckets if t > xla_options.SMALL_STEP_TOKENS]
-    assert all(runner._step_jit((t, 1, 1)) is runner._model_step_small for t in small)
-    assert all(runner._step_jit((t, 1, 1)) is runner._model_step for t in large)
+    assert _greedy(llm) == jit_tokens  # the same tokens as with every bucket in the small tier
+    tiers = {t: xla_options.step_tier(t) for t in runner.plan.token_buckets}
+    assert set(tiers.values()) == set(xla_options.STEP_TIERS), tiers
+    for t, tier in tiers.items():
+        assert runner._step_jit((t, 1, 1)) is runner._model_steps[tier]
+    # _greedy's steps take buckets 8 and 64; the loop below compiles every bucket of every tier.
+    assert runner._model_steps["small"]._cache_size() >= 1 and runner._model_steps["large"]._cache_size() >= 1
 
-    monkeypatch.setattr(xla_options, "SMALL_STEP_OPTIONS", {"no_such_xla_option": 1})
-    bad = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
-    runner = bad.llm_engine.runner
-    with pytest.raises(Exception, match="no_such_xla_option"):  # a small bucket's step
-        runner._run_model(
-            empty_step_inputs(next(sh for sh in runner.plan.all_shapes() if sh[0] in small)), all_logits=False
-        )
-    large_shape = next(sh for sh in runner.plan.all_shapes() if sh[0] in large)
-    runner._run_model(empty_step_inputs(large_shape), all_logits=False)  # XLA's defaults: compiles
+    for tier, name in (("small", "SMALL_STEP_OPTIONS"), ("large", "LARGE_STEP_OPTIONS")):
+        monkeypatch.setattr(xla_options, name, {"no_such_xla_option": 1})
+        bad = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
+        runner = bad.llm_engine.runner
+        for shape in runner.plan.all_shapes():
+            if tiers[shape[0]] == tier:
+                with pytest.raises(Exception, match="no_such_xla_option"):
+                    runner._run_model(empty_step_inputs(shape), all_logits=False)
+            else:
+                runner._run_model(empty_step_inputs(shape), all_logits=False)  # compiles
+        monkeypatch.undo()
+        monkeypatch.setattr(xla_options, "SMALL_STEP_TOKENS", 8)
+        monkeypatch.setattr(xla_options, "LARGE_STEP_TOKENS", 64)
 
 
 def test_stats_count_steps_and_device_wait(tiny_llama_dir, jax_cache_dir):
