@@ -90,33 +90,14 @@ def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap
     if backend in ("pallas", "pallas-hopper"):
         from pallas_kernels import gpu_ops  # imported lazily: only GPU hosts need the kernels compiled
 
-        k_pages, v_pages = gpu_ops.write_kv_cache(k, v, k_pages, v_pages, md.slot_mapping)
+        write = gpu_ops.write_kv_cache
         hopper = backend == "pallas-hopper"
-        op = gpu_ops.ragged_paged_attention_hopper if hopper else gpu_ops.ragged_paged_attention
-        out = op(
-            q,
-            k_pages,
-            v_pages,
-            md.kv_lens,
-            md.block_tables,
-            md.cu_q_lens,
-            md.num_seqs,
-            sm_scale=sm_scale,
-            soft_cap=soft_cap,
-            sliding_window=sliding_window,
-        )
+        attend = gpu_ops.ragged_paged_attention_hopper if hopper else gpu_ops.ragged_paged_attention
     else:
-        k_pages, v_pages = ref_write_kv_cache(k, v, k_pages, v_pages, md.slot_mapping)
-        out = ref_ragged_paged_attention(
-            q,
-            k_pages,
-            v_pages,
-            md.kv_lens,
-            md.block_tables,
-            md.cu_q_lens,
-            md.num_seqs,
-            sm_scale=sm_scale,
-            soft_cap=soft_cap,
-            sliding_window=sliding_window,
-        )
+        write, attend = ref_write_kv_cache, ref_ragged_paged_attention
+    k_pages, v_pages = write(k, v, k_pages, v_pages, md.slot_mapping)
+    out = attend(
+        q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs,
+        sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window,
+    )  # fmt: skip
     return out, (k_pages, v_pages)
