@@ -1,6 +1,6 @@
 """XLA compiler options of the model step, per token bucket, chosen by measurement on the H200.
 
-Three tiers of token buckets, each compiled with its own options (`step_tier`, `model_step_options`):
+Three tiers of token buckets, each compiled with its own options (`step_tier`, `tier_options`):
 
 - small (up to SMALL_STEP_TOKENS, the decode steps of 1-64 sequences): XLA's DotMerger joins dots that
   share an operand into one dot over the concatenated weights, for dots whose operand and result bytes
@@ -40,8 +40,3 @@ def step_tier(num_tokens: int) -> str:
 def tier_options(tier: str) -> dict:
     """Compiler options of a tier ({} = XLA's defaults)."""
     return dict({"small": SMALL_STEP_OPTIONS, "default": {}, "large": LARGE_STEP_OPTIONS}[tier])
-
-
-def model_step_options(num_tokens: int) -> dict:
-    """Compiler options of the model step of a `num_tokens` bucket."""
-    return tier_options(step_tier(num_tokens))

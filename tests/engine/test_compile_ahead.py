@@ -172,10 +172,13 @@ def test_buckets_compile_with_their_tier_of_xla_options(
     an unknown option fails its own tier's steps only."""
     from jaxllm.runner import xla_options
 
-    assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS) == xla_options.SMALL_STEP_OPTIONS
-    assert xla_options.model_step_options(xla_options.SMALL_STEP_TOKENS + 1) == {}
-    assert xla_options.model_step_options(xla_options.LARGE_STEP_TOKENS - 1) == {}
-    assert xla_options.model_step_options(xla_options.LARGE_STEP_TOKENS) == xla_options.LARGE_STEP_OPTIONS
+    def options(num_tokens):
+        return xla_options.tier_options(xla_options.step_tier(num_tokens))
+
+    assert options(xla_options.SMALL_STEP_TOKENS) == xla_options.SMALL_STEP_OPTIONS
+    assert options(xla_options.SMALL_STEP_TOKENS + 1) == {}
+    assert options(xla_options.LARGE_STEP_TOKENS - 1) == {}
+    assert options(xla_options.LARGE_STEP_TOKENS) == xla_options.LARGE_STEP_OPTIONS
     # This model's token buckets are 8, 32 and 64: one per tier.
     monkeypatch.setattr(xla_options, "SMALL_STEP_TOKENS", 8)
     monkeypatch.setattr(xla_options, "LARGE_STEP_TOKENS", 64)
@@ -190,18 +193,15 @@ def test_buckets_compile_with_their_tier_of_xla_options(
     assert runner._model_steps["small"]._cache_size() >= 1 and runner._model_steps["large"]._cache_size() >= 1
 
     for tier, name in (("small", "SMALL_STEP_OPTIONS"), ("large", "LARGE_STEP_OPTIONS")):
-        monkeypatch.setattr(xla_options, name, {"no_such_xla_option": 1})
-        bad = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False)
-        runner = bad.llm_engine.runner
-        for shape in runner.plan.all_shapes():
-            if tiers[shape[0]] == tier:
-                with pytest.raises(Exception, match="no_such_xla_option"):
-                    runner._run_model(empty_step_inputs(shape), all_logits=False)
-            else:
-                runner._run_model(empty_step_inputs(shape), all_logits=False)  # compiles
-        monkeypatch.undo()
-        monkeypatch.setattr(xla_options, "SMALL_STEP_TOKENS", 8)
-        monkeypatch.setattr(xla_options, "LARGE_STEP_TOKENS", 64)
+        with monkeypatch.context() as m:
+            m.setattr(xla_options, name, {"no_such_xla_option": 1})
+            runner = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=False).llm_engine.runner
+            for shape in runner.plan.all_shapes():
+                if tiers[shape[0]] == tier:
+                    with pytest.raises(Exception, match="no_such_xla_option"):
+                        runner._run_model(empty_step_inputs(shape), all_logits=False)
+                else:
+                    runner._run_model(empty_step_inputs(shape), all_logits=False)  # compiles
 
 
 def test_stats_count_steps_and_device_wait(tiny_llama_dir, jax_cache_dir):

@@ -1,5 +1,5 @@
-"""ragged_paged_attention_hopper (Mosaic prefill + Triton decode / short chunks) against
-ref_ragged_paged_attention, and the row routing between its kernels.
+"""ragged_paged_attention_hopper (Mosaic decode and prefill kernels, the Triton kernel for the rest)
+against ref_ragged_paged_attention, and the row routing between its kernels.
 
 On the CPU both kernels run in interpret mode; `--gpu` runs the same cases compiled on the GPU
 (`pytest -m "gpu or not gpu" --gpu tests/kernels/test_rpa_hopper.py`).
