@@ -1,5 +1,6 @@
-"""The projection GEMMs of one decoder layer, with separate weights (as the model holds them) and with
-pre-fused ones (q|k|v in one [H, (Nq + 2 Nkv) D] weight, gate|up in one [H, 2 I]), at given token counts.
+"""The projection GEMMs of one decoder layer, with separate weights (as checkpoints hold them) and with
+fused ones (q|k|v in one [H, (Nq + 2 Nkv) D] weight, gate|up in one [H, 2 I]: the model's layout since
+models/fused_projections.py), at given token counts.
 The fused weight is the separate ones side by side; its product is checked against theirs.
 
     python benchmarks/gemm_shapes.py --model llama-3.1-8b --tokens 1,32,1000,16384

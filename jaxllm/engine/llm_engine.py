@@ -69,7 +69,9 @@ class LLMEngine:
         backend = resolve_backend(config.runner.attention_backend)
         self.step_channel = None  # set on process 0 by jaxllm.parallel.follower.lead (several hosts)
         self.tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, config.model)
-        self.loaded = load_model(config.model, attn_backend=backend, sharding_fn=self.tp.sharding_fn)
+        self.loaded = load_model(
+            config.model, attn_backend=backend, sharding_fn=self.tp.sharding_fn, tp_size=self.tp.size
+        )
         arch = self.loaded.arch
         self.tokenizer = self.loaded.tokenizer
 

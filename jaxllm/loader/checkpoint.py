@@ -59,9 +59,15 @@ class CheckpointCache:
     (source fingerprint, requested dtype, platform, the HF-style config): a valid cache is restored without
     opening the source at all."""
 
-    def __init__(self, directory: str, source: str, requested_dtype: str):
+    def __init__(self, directory: str, source: str, requested_dtype: str, layout: str = ""):
+        """`layout`: how the params tree is laid out (its fused projections; loader.params_layout)."""
         self.directory = os.path.abspath(directory)
-        self.key = {**source_fingerprint(source), "dtype": requested_dtype, "platform": jax.default_backend()}
+        self.key = {
+            **source_fingerprint(source),
+            "dtype": requested_dtype,
+            "platform": jax.default_backend(),
+            "layout": layout,
+        }
         self._meta: dict[str, Any] | None = None
 
     @property

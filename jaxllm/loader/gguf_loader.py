@@ -113,8 +113,9 @@ def load_gguf_params(
     gguf_arch: str,
     abstract: dict,
     sharding_fn: ShardingFn | None = None,
+    fused_groups: tuple = (),
 ) -> dict:
-    builder = ParamsBuilder(abstract, path, sharding_fn)
+    builder = ParamsBuilder(abstract, path, sharding_fn, fused_groups)
     for tensor in reader.tensors:
         mapped = gguf_name(tensor.name, arch)
         if mapped is None:

@@ -31,7 +31,7 @@ from jaxllm.loader.dummy import dummy_params
 from jaxllm.loader.params_builder import ShardingFn
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.presets import PRESETS, get_preset
-from jaxllm.models.registry import abstract_params, build_model
+from jaxllm.models.registry import abstract_params, build_model, fused_groups
 
 logger = logging.getLogger("jaxllm")
 
@@ -94,16 +94,20 @@ def _model_name(spec: ModelSpec, path: str) -> str:
 
 
 def load_model(
-    spec: ModelSpec, attn_backend: str = "reference", sharding_fn: ShardingFn | None = None
+    spec: ModelSpec,
+    attn_backend: str = "reference",
+    sharding_fn: ShardingFn | None = None,
+    tp_size: int = 1,
 ) -> LoadedModel:
-    """`sharding_fn(path, ShapeDtypeStruct) -> Sharding` optionally places each parameter as it loads."""
+    """`sharding_fn(path, ShapeDtypeStruct) -> Sharding` optionally places each parameter as it loads;
+    `tp_size`: the shards the model's fused projections are laid out for (models/fused_projections.py)."""
     from jaxllm.loader.gguf_loader import gguf_hf_config, load_gguf_params, open_gguf
     from jaxllm.loader.safetensors_loader import load_safetensors_params, read_hf_config
 
     start = time.perf_counter()
     kind, path = _source_kind(spec)
     cache = (
-        CheckpointCache(spec.checkpoint_dir, path, spec.dtype)
+        CheckpointCache(spec.checkpoint_dir, path, spec.dtype, layout=params_layout(tp_size))
         if spec.checkpoint_dir and kind != "dummy"
         else None
     )
@@ -124,7 +128,8 @@ def load_model(
     else:
         hf_config = get_preset(path)
     arch = ModelArchConfig.from_hf(hf_config)
-    module = build_model(arch, attn_backend)
+    module = build_model(arch, attn_backend, tp_size)
+    groups = fused_groups(module)
     dtype = resolve_dtype(spec.dtype, arch.dtype)
     abstract = abstract_params(module, dtype)
 
@@ -138,9 +143,10 @@ def load_model(
     elif from_cache:
         params = cache.restore(_with_shardings(abstract, sharding_fn))
     elif kind == "gguf":
-        params = load_gguf_params(reader, path, arch, hf_config["gguf_architecture"], abstract, sharding_fn)
+        gguf_arch = hf_config["gguf_architecture"]
+        params = load_gguf_params(reader, path, arch, gguf_arch, abstract, sharding_fn, groups)
     else:
-        params = load_safetensors_params(path, arch, abstract, sharding_fn)
+        params = load_safetensors_params(path, arch, abstract, sharding_fn, groups)
     jax.block_until_ready(params)
     weights_s = time.perf_counter() - start
 
@@ -159,6 +165,12 @@ def load_model(
         "restored from orbax cache" if from_cache else "converted from the source",
     )  # fmt: skip
     return LoadedModel(module, params, arch, tokenizer, name, path, load_time, from_cache)
+
+
+def params_layout(tp_size: int) -> str:
+    """What a converted cache's tree depends on besides its source and dtype: the fused projections'
+    layout, which differs with the tensor-parallel size (models/fused_projections.py)."""
+    return f"fused-qkv-gate-up/tp{tp_size}"
 
 
 def _timed(fn, *args):

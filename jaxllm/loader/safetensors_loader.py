@@ -63,9 +63,13 @@ def safetensors_files(folder: str) -> list[str]:
 
 
 def load_safetensors_params(
-    folder: str, arch: ModelArchConfig, abstract: dict, sharding_fn: ShardingFn | None = None
+    folder: str,
+    arch: ModelArchConfig,
+    abstract: dict,
+    sharding_fn: ShardingFn | None = None,
+    fused_groups: tuple = (),
 ) -> dict:
-    builder = ParamsBuilder(abstract, folder, sharding_fn)
+    builder = ParamsBuilder(abstract, folder, sharding_fn, fused_groups)
     mapper = hf_name_mapper(arch)
     for path in safetensors_files(folder):
         try:

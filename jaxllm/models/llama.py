@@ -12,18 +12,18 @@ Data flow of `__call__(input_ids, kv_caches, md)`:
 Parameter tree (kernels are [in, out]; H hidden, Nq/Nkv heads, D head dim, I intermediate, V vocab):
   embed_tokens/embedding            [V, H]       (vocab-parallel)
   layers_{i}/input_norm/scale       [H]
-  layers_{i}/attn/q_proj/kernel     [H, Nq*D]    (+ bias [Nq*D] for Qwen2 / attention_bias; column-parallel)
-  layers_{i}/attn/k_proj/kernel     [H, Nkv*D]   (+ bias; column-parallel)
-  layers_{i}/attn/v_proj/kernel     [H, Nkv*D]   (+ bias; column-parallel)
+  layers_{i}/attn/qkv_proj/kernel   [H, (Nq+2S)*D] q|k|v fused (+ bias for Qwen2 / attention_bias;
+                                                 column-parallel; layout: models/fused_projections.py)
   layers_{i}/attn/o_proj/kernel     [Nq*D, H]    (row-parallel)
   layers_{i}/attn/q_norm/scale      [D]          (Qwen3 only)
   layers_{i}/attn/k_norm/scale      [D]          (Qwen3 only)
   layers_{i}/post_attn_norm/scale   [H]
-  layers_{i}/mlp/gate_proj/kernel   [H, I]       (column-parallel)
-  layers_{i}/mlp/up_proj/kernel     [H, I]       (column-parallel)
+  layers_{i}/mlp/gate_up_proj/kernel [H, 2I]     gate|up fused (column-parallel)
   layers_{i}/mlp/down_proj/kernel   [I, H]       (row-parallel)
   norm/scale                        [H]
   lm_head/kernel                    [H, V]       (absent when tie_word_embeddings; vocab-parallel)
+S is the KV heads' slots: Nkv, or the tensor-parallel size N when N > Nkv (each device's K/V head, the one
+its query heads read). Checkpoints hold q/k/v and gate/up apart; the loader fuses them (vLLM's layout).
 Compute runs in the params' dtype; norm statistics, rotary and softmax in float32.
 """
 
@@ -38,6 +38,7 @@ from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.layers.norm import RMSNorm
 from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_freq
 from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.fused_projections import FusedGroup, FusedPart, split_columns
 from jaxllm.models.layer_trace import call_layer
 
 ACTIVATIONS = {
@@ -46,6 +47,26 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
     "gelu_pytorch_tanh": jax.nn.gelu,
 }
+
+
+def qkv_group(a: ModelArchConfig, shards: int = 1) -> FusedGroup:
+    return FusedGroup(
+        "attn/qkv_proj",
+        (
+            FusedPart("attn/q_proj", a.num_heads, a.head_dim),
+            FusedPart("attn/k_proj", a.num_kv_heads, a.head_dim),
+            FusedPart("attn/v_proj", a.num_kv_heads, a.head_dim),
+        ),
+        shards,
+    )
+
+
+def gate_up_group(a: ModelArchConfig, shards: int = 1) -> FusedGroup:
+    parts = (
+        FusedPart("mlp/gate_proj", a.intermediate_size, 1),
+        FusedPart("mlp/up_proj", a.intermediate_size, 1),
+    )
+    return FusedGroup("mlp/gate_up_proj", parts, shards)
 
 
 def sequence_lengths(md: AttentionMetadata, num_tokens: int) -> jax.Array:  # i32[T]
@@ -72,6 +93,7 @@ def tied_or_head_logits(
 class LlamaAttention(nn.Module):
     arch: ModelArchConfig
     attn_backend: str = "reference"
+    tp_size: int = 1  # shards of the fused q|k|v layout
 
     @nn.compact
     def __call__(
@@ -84,12 +106,12 @@ class LlamaAttention(nn.Module):
     ) -> tuple[jax.Array, KVCache]:
         a = self.arch
         t = x.shape[0]
-        q = nn.Dense(a.num_heads * a.head_dim, use_bias=a.attention_bias, name="q_proj")(x)
-        k = nn.Dense(a.num_kv_heads * a.head_dim, use_bias=a.attention_bias, name="k_proj")(x)
-        v = nn.Dense(a.num_kv_heads * a.head_dim, use_bias=a.attention_bias, name="v_proj")(x)
+        group = qkv_group(a, self.tp_size)
+        qkv = nn.Dense(group.width, use_bias=a.attention_bias, name="qkv_proj")(x)
+        q, k, v = split_columns(group, qkv)
         q = q.reshape(t, a.num_heads, a.head_dim)
-        k = k.reshape(t, a.num_kv_heads, a.head_dim)
-        v = v.reshape(t, a.num_kv_heads, a.head_dim)
+        k = k.reshape(t, -1, a.head_dim)  # [T, S, D]
+        v = v.reshape(t, -1, a.head_dim)
         if a.qk_norm:
             q = RMSNorm(a.head_dim, a.rms_norm_eps, name="q_norm")(q)
             k = RMSNorm(a.head_dim, a.rms_norm_eps, name="k_norm")(k)
@@ -105,24 +127,26 @@ class LlamaAttention(nn.Module):
 
 class LlamaMLP(nn.Module):
     arch: ModelArchConfig
+    tp_size: int = 1  # shards of the fused gate|up layout
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [T, H] -> [T, H]
         a = self.arch
         act = ACTIVATIONS[a.hidden_act]
-        gate = nn.Dense(a.intermediate_size, use_bias=a.mlp_bias, name="gate_proj")(x)
-        up = nn.Dense(a.intermediate_size, use_bias=a.mlp_bias, name="up_proj")(x)
+        group = gate_up_group(a, self.tp_size)
+        gate, up = split_columns(group, nn.Dense(group.width, use_bias=a.mlp_bias, name="gate_up_proj")(x))
         return nn.Dense(a.hidden_size, use_bias=a.mlp_bias, name="down_proj")(act(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
     arch: ModelArchConfig
     attn_backend: str = "reference"
+    tp_size: int = 1
 
     @nn.compact
     def __call__(self, x, kv_cache, md, inv_freq, attention_factor):  # x: [T, H]
         a = self.arch
-        h, kv_cache = LlamaAttention(a, self.attn_backend, name="attn")(
+        h, kv_cache = LlamaAttention(a, self.attn_backend, self.tp_size, name="attn")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="input_norm")(x),
             kv_cache,
             md,
@@ -130,7 +154,9 @@ class LlamaDecoderLayer(nn.Module):
             attention_factor,
         )
         x = x + h
-        x = x + LlamaMLP(a, name="mlp")(RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x))
+        x = x + LlamaMLP(a, self.tp_size, name="mlp")(
+            RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x)
+        )
         return x, kv_cache
 
 
@@ -138,11 +164,12 @@ class LlamaForCausalLM(nn.Module):
     arch: ModelArchConfig
     attn_backend: str = "reference"
     trace_layers_once: bool = True  # layers share one trace per step shape (models/layer_trace.py)
+    tp_size: int = 1  # tensor-parallel shards the fused projections are laid out for
 
     def setup(self) -> None:
         a = self.arch
         self.embed_tokens = nn.Embed(a.vocab_size, a.hidden_size)
-        self.layers = [LlamaDecoderLayer(a, self.attn_backend) for _ in range(a.num_layers)]
+        self.layers = [LlamaDecoderLayer(a, self.attn_backend, self.tp_size) for _ in range(a.num_layers)]
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         if not a.tie_word_embeddings:
             self.lm_head = nn.Dense(a.vocab_size, use_bias=False)
@@ -170,6 +197,10 @@ class LlamaForCausalLM(nn.Module):
             )
             new_caches.append(kv_cache)
         return self.norm(x), new_caches
+
+    def fused_groups(self) -> tuple[FusedGroup, ...]:
+        """The fused projections of every layer, for the loader (which gets the checkpoint's parts)."""
+        return qkv_group(self.arch, self.tp_size), gate_up_group(self.arch, self.tp_size)
 
     def init_all(self, input_ids, kv_caches, md):
         """For `init`/`eval_shape`: touches every parameter (the forward pass and the head)."""

@@ -1,6 +1,6 @@
 """Architecture name (HF `architectures[0]`) -> Flax module class, and the abstract parameter tree.
 
-`build_model(arch, attn_backend)` returns the module; `abstract_params(module, dtype)` returns the
+`build_model(arch, attn_backend, tp_size)` returns the module; `abstract_params(module, dtype)` returns the
 pytree of `jax.ShapeDtypeStruct` every loader fills (and checks shapes against) without allocating.
 """
 
@@ -38,13 +38,31 @@ def get_model_class(architecture: str) -> type[nn.Module]:
     return MODEL_REGISTRY[architecture]
 
 
-def build_model(arch: ModelArchConfig, attn_backend: str = "reference") -> nn.Module:
-    return get_model_class(arch.architecture)(arch=arch, attn_backend=attn_backend)
+def build_model(arch: ModelArchConfig, attn_backend: str = "reference", tp_size: int = 1) -> nn.Module:
+    """`tp_size`: the tensor-parallel shards a model with fused projections lays them out for
+    (models/fused_projections.py); models without them ignore it."""
+    cls = get_model_class(arch.architecture)
+    if "tp_size" in cls.__dataclass_fields__:
+        return cls(arch=arch, attn_backend=attn_backend, tp_size=tp_size)
+    return cls(arch=arch, attn_backend=attn_backend)
 
 
-def dummy_inputs(arch: ModelArchConfig, num_tokens: int = 1, num_blocks: int = 1, block_size: int = 1):
+def fused_groups(module: nn.Module) -> tuple:
+    """The module's fused projections (FusedGroup), which the loader builds from the checkpoint's parts."""
+    return module.fused_groups() if hasattr(module, "fused_groups") else ()
+
+
+def kv_slots(module: nn.Module) -> int:
+    """KV heads the module's layers produce: Nkv, or the tensor-parallel size when that is larger."""
+    return max(module.arch.num_kv_heads, getattr(module, "tp_size", 1))
+
+
+def dummy_inputs(
+    arch: ModelArchConfig, num_tokens: int = 1, num_blocks: int = 1, block_size: int = 1, kv_heads=None
+):
     """(input_ids, kv_caches, md) of the smallest shapes, for init/eval_shape."""
-    kv = jnp.zeros((arch.num_kv_heads, num_blocks, block_size, arch.head_dim), jnp.float32)
+    kv_heads = arch.num_kv_heads if kv_heads is None else kv_heads
+    kv = jnp.zeros((kv_heads, num_blocks, block_size, arch.head_dim), jnp.float32)
     md = AttentionMetadata(
         positions=jnp.zeros((num_tokens,), jnp.int32),
         slot_mapping=jnp.zeros((num_tokens,), jnp.int32),
@@ -63,7 +81,7 @@ def abstract_params(module: nn.Module, dtype: jnp.dtype) -> dict:
     (`init` traces every layer's Python, a second of a large model's load) and its `layers_0` is shared."""
     arch = module.arch
     one = module.clone(arch=dataclasses.replace(arch, num_layers=1)) if arch.num_layers > 1 else module
-    ids, caches, md = dummy_inputs(one.arch)
+    ids, caches, md = dummy_inputs(one.arch, kv_heads=kv_slots(module))
     shapes = jax.eval_shape(lambda: one.init(jax.random.key(0), ids, caches, md, method="init_all"))["params"]
     shapes = dict(shapes)
     layer = shapes.pop("layers_0")

@@ -1,19 +1,23 @@
 """Where each parameter and the KV cache live on the "tp" mesh axis (Megatron-style layout).
 
 Rules go by parameter path (see the tree in jaxllm/models/llama.py and opt.py):
-  q_proj, gate_proj, up_proj, fc1 (kernel [in, out], bias [out])   column-parallel: out split  P(None, tp)
-  k_proj, v_proj                                                    column-parallel when N divides the
-                                                                    KV heads, else replicated (below)
-  o_proj, down_proj, fc2 (kernel [in, out])                         row-parallel: in split      P(tp, None)
-  embed_tokens/embedding [V, E], lm_head/kernel [E, V]              vocab-parallel (replicated, with a
-                                                                    warning, when N does not divide V)
-  everything else (norms, row-parallel biases, OPT positions)      replicated                  P()
+  qkv_proj, gate_up_proj (fused, laid out shard by   column-parallel: out split          P(None, tp)
+    shard: models/fused_projections.py), q_proj, fc1
+    (kernel [in, out], bias [out])
+  k_proj, v_proj (OPT's separate ones)               column-parallel when N divides the KV heads, else
+                                                     replicated
+  o_proj, down_proj, fc2 (kernel [in, out])          row-parallel: in split              P(tp, None)
+  embed_tokens/embedding [V, E], lm_head/kernel      vocab-parallel (replicated, with a warning, when N
+    [E, V]                                           does not divide V)
+  everything else (norms, row-parallel biases, OPT   replicated                          P()
+    positions)
 XLA's SPMD partitioner turns this into an all-reduce after o_proj and down_proj and a gather of the
 vocab-parallel logits; there is no hand-written communication.
 
 KV heads (vLLM's rule): N % Hkv == 0 or Hkv % N == 0. With N <= Hkv every device owns Hkv / N KV heads.
-With N > Hkv the K/V projections stay replicated and the cache gets N head slots, one per device; device r
-keeps KV head r // (N / Hkv), the one its query heads read (each KV head is stored N / Hkv times).
+With N > Hkv the cache gets N head slots, one per device; device r keeps KV head r // (N / Hkv), the one
+its query heads read (each KV head is stored N / Hkv times). The fused q|k|v weight holds those slots
+already (each device computes only its own K/V head); separate K/V projections stay replicated.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ if TYPE_CHECKING:  # models import layers, which import this package
 
 logger = logging.getLogger("jaxllm")
 
-_COLUMN = re.compile(r"(^|/)(q_proj|gate_proj|up_proj|fc1)/(kernel|bias)$")
+_COLUMN = re.compile(r"(^|/)(qkv_proj|gate_up_proj|q_proj|gate_proj|up_proj|fc1)/(kernel|bias)$")
 _KV = re.compile(r"(^|/)(k_proj|v_proj)/(kernel|bias)$")
 _ROW = re.compile(r"(^|/)(o_proj|down_proj|fc2)/kernel$")
 _VOCAB_ROWS = re.compile(r"(^|/)embed_tokens/embedding$")

@@ -14,17 +14,19 @@ from jaxllm.models.registry import abstract_params, build_model
 
 
 def test_groups_are_the_layer_weights():
+    """The groups' separate widths add up to the model's (fused) weights."""
     arch = arch_for_model("tiny-llama")
     params = abstract_params(build_model(arch), jnp.bfloat16)
     layer = params["layers_0"]
     shapes = {
-        "qkv": [layer["attn"][n]["kernel"].shape for n in ("q_proj", "k_proj", "v_proj")],
-        "o": [layer["attn"]["o_proj"]["kernel"].shape],
-        "gate_up": [layer["mlp"][n]["kernel"].shape for n in ("gate_proj", "up_proj")],
-        "down": [layer["mlp"]["down_proj"]["kernel"].shape],
+        "qkv": layer["attn"]["qkv_proj"]["kernel"].shape,
+        "o": layer["attn"]["o_proj"]["kernel"].shape,
+        "gate_up": layer["mlp"]["gate_up_proj"]["kernel"].shape,
+        "down": layer["mlp"]["down_proj"]["kernel"].shape,
     }
     for name, (k, widths) in gemm_shapes.groups(arch).items():
-        assert [(k, n) for n in widths] == shapes[name], name
+        assert (k, sum(widths)) == shapes[name], name
+    assert len(gemm_shapes.groups(arch)["qkv"][1]) == 3
 
 
 def test_fused_product_is_the_separate_ones_side_by_side():

@@ -17,6 +17,7 @@ from jaxllm.config import ModelSpec  # noqa: E402
 from jaxllm.embedded import embedded_model_path  # noqa: E402
 from jaxllm.loader import load_model  # noqa: E402
 from jaxllm.loader.checkpoint import CheckpointCache  # noqa: E402
+from jaxllm.loader.loader import params_layout  # noqa: E402
 from jaxllm.tokenizer import apply_chat_template  # noqa: E402
 from tests.models.paged_runner import PagedRunner  # noqa: E402
 
@@ -62,10 +63,13 @@ def test_orbax_cache_restores_same_params(embedded, caplog):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert second.tokenizer("hello world")["input_ids"] == first.tokenizer("hello world")["input_ids"]
-    # another dtype or another source must not reuse this cache
-    assert CheckpointCache(cache, embedded_model_path(), "auto").valid()
-    assert not CheckpointCache(cache, embedded_model_path(), "bfloat16").valid()
-    assert not CheckpointCache(cache, os.path.dirname(embedded_model_path()), "auto").valid()
+    # another dtype, another source or another layout (tensor-parallel size) must not reuse this cache
+    assert CheckpointCache(cache, embedded_model_path(), "auto", params_layout(1)).valid()
+    assert not CheckpointCache(cache, embedded_model_path(), "bfloat16", params_layout(1)).valid()
+    assert not CheckpointCache(
+        cache, os.path.dirname(embedded_model_path()), "auto", params_layout(1)
+    ).valid()
+    assert not CheckpointCache(cache, embedded_model_path(), "auto", params_layout(2)).valid()
 
 
 def test_embedded_chat_template(embedded):

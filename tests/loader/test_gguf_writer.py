@@ -127,13 +127,15 @@ def test_written_gguf_matches_transformers(tmp_path):
     loaded = load_model(ModelSpec(model=str(tmp_path / "tiny.gguf"), dtype="float32"))
     assert loaded.tokenizer is None and not loaded.arch.tie_word_embeddings
     p = loaded.params
+    # q|k|v fused side by side (one shard): q's columns first, then k's, then v's
+    q_cols = CFG["hidden_size"]  # num_attention_heads x head_dim
+    qkv1, qkv0 = (np.asarray(p[f"layers_{i}"]["attn"]["qkv_proj"]["kernel"]) for i in (1, 0))
+    np.testing.assert_array_equal(qkv1[:, :q_cols], held["model.layers.1.self_attn.q_proj.weight"].T)
+    k0 = held["model.layers.0.self_attn.k_proj.weight"].T
+    np.testing.assert_array_equal(qkv0[:, q_cols : q_cols + k0.shape[1]], k0)
+    gate_up = np.asarray(p["layers_0"]["mlp"]["gate_up_proj"]["kernel"])
     np.testing.assert_array_equal(
-        np.asarray(p["layers_1"]["attn"]["q_proj"]["kernel"]),
-        held["model.layers.1.self_attn.q_proj.weight"].T,
-    )
-    np.testing.assert_array_equal(
-        np.asarray(p["layers_0"]["attn"]["k_proj"]["kernel"]),
-        held["model.layers.0.self_attn.k_proj.weight"].T,
+        gate_up[:, CFG["intermediate_size"] :], held["model.layers.0.mlp.up_proj.weight"].T
     )
     np.testing.assert_array_equal(np.asarray(p["lm_head"]["kernel"]), held["lm_head.weight"].T)
 

@@ -20,9 +20,13 @@ def test_preset_parameter_count(name, count):
     arch = ModelArchConfig.from_hf(get_preset(name))
     abstract = abstract_params(build_model(arch), jnp.bfloat16)
     assert sum(int(np.prod(s.shape)) for s in jax.tree.leaves(abstract)) == count
-    assert abstract["layers_0"]["attn"]["q_proj"]["kernel"].shape == (
+    assert abstract["layers_0"]["attn"]["qkv_proj"]["kernel"].shape == (
         arch.hidden_size,
-        arch.num_heads * arch.head_dim,
+        (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim,
+    )
+    assert abstract["layers_0"]["mlp"]["gate_up_proj"]["kernel"].shape == (
+        arch.hidden_size,
+        2 * arch.intermediate_size,
     )
 
 
@@ -53,6 +57,6 @@ def test_dummy_tiny_runs():
     assert loaded.tokenizer is None and loaded.model_name == "tiny-llama"
     p = loaded.params
     assert np.all(np.asarray(p["norm"]["scale"]) == 1.0)
-    assert 0.01 < float(jnp.std(p["layers_1"]["mlp"]["up_proj"]["kernel"])) < 0.03
+    assert 0.01 < float(jnp.std(p["layers_1"]["mlp"]["gate_up_proj"]["kernel"])) < 0.03
     logits = PagedRunner(loaded, max_len=16, prefill_tokens=16).prefill([[1, 2, 3], [4, 5]])
     assert all(np.isfinite(lg).all() and lg.shape[1] == 512 for lg in logits)

@@ -45,6 +45,10 @@ def llama_arch(
         ("layers_0/attn/o_proj/bias", (128,), 4, P()),
         ("layers_0/mlp/gate_proj/kernel", (128, 128), 8, P(None, "tp")),
         ("layers_0/mlp/up_proj/kernel", (128, 128), 8, P(None, "tp")),
+        # fused: laid out shard by shard, so always column-parallel (K/V heads as one slot per device)
+        ("layers_0/attn/qkv_proj/kernel", (128, 256), 8, P(None, "tp")),
+        ("layers_0/attn/qkv_proj/bias", (256,), 8, P("tp")),
+        ("layers_0/mlp/gate_up_proj/kernel", (128, 256), 8, P(None, "tp")),
         ("layers_0/mlp/down_proj/kernel", (128, 128), 8, P("tp", None)),
         ("layers_0/mlp/fc1/kernel", (128, 128), 8, P(None, "tp")),
         ("layers_0/mlp/fc2/kernel", (128, 128), 8, P("tp", None)),

@@ -9,6 +9,9 @@ The reference is TP = 1 on the same engine, which tests/models checks against tr
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from tests.parallel.conftest import assert_same_generation
@@ -25,17 +28,16 @@ def test_tp_sizes_match_single_device(single_host, name):
         assert_same_generation(ref, row, f"{name} TP={row['tp']}")
 
 
-SPLIT_ALWAYS = ("q_proj/", "o_proj/kernel", "gate_proj/", "up_proj/", "down_proj/kernel", "fc1/", "fc2/kernel",
-                "embed_tokens/", "lm_head/")  # fmt: skip
+SPLIT_ALWAYS = ("q_proj/", "qkv_proj/", "o_proj/kernel", "gate_up_proj/", "down_proj/kernel", "fc1/",
+                "fc2/kernel", "embed_tokens/", "lm_head/")  # fmt: skip
 
 
-def may_replicate(path: str, kv_split: bool) -> bool:
-    """Norms, row-parallel biases, OPT's positions; K/V projections only where KV heads are replicated."""
+def may_replicate(path: str) -> bool:
+    """Norms, row-parallel biases, OPT's positions. (Llama's fused q|k|v holds one K/V slot per device
+    where KV heads are fewer than devices, so even then nothing of it is replicated.)"""
     if "norm" in path or "embed_positions" in path:
         return True
-    if path.endswith(("o_proj/bias", "down_proj/bias", "fc2/bias")):
-        return True
-    return not kv_split and ("k_proj/" in path or "v_proj/" in path)
+    return path.endswith(("o_proj/bias", "down_proj/bias", "fc2/bias"))
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "opt"])
@@ -47,9 +49,8 @@ def test_parameters_are_split(single_host, name):
         if n == 1:
             assert not row["replicated_params"]
             continue
-        kv_split = name == "opt" or n <= 2  # 2 KV heads split over TP <= 2; OPT has 8
         for path in row["replicated_params"]:
-            assert may_replicate(path, kv_split), f"{name} TP={n}: {path} is replicated"
+            assert may_replicate(path), f"{name} TP={n}: {path} is replicated"
         for path in SPLIT_ALWAYS:
             assert not any(path in p for p in row["replicated_params"])
         total, rep = row["param_bytes_total"], row["replicated_bytes"]
@@ -57,11 +58,21 @@ def test_parameters_are_split(single_host, name):
         for dev, nbytes in per_device.items():
             assert nbytes == pytest.approx((total - rep) / n + rep, rel=0.01), (name, n, dev)
         share = max(per_device.values()) / (total / n)
-        if kv_split and name != "opt":
+        if name != "opt":
             assert abs(share - 1) < 0.05, f"{name} TP={n}: per-device bytes are {share:.3f} x total/N"
-        elif not kv_split:  # K/V projections replicated: more than total/N, far less than everything
-            assert 1 < share < 0.5 * n, share
         # (OPT's learned position table [M + 2, H] is replicated: large next to this tiny model)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3"])
+def test_fused_qkv_has_one_kv_slot_per_device_beyond_the_kv_heads(single_host, models, name):
+    """q|k|v fused: Nq heads plus K and V with max(Hkv, N) slots each (a slot per device when N > Hkv)."""
+    with open(os.path.join(models[name], "config.json")) as f:
+        cfg = json.load(f)
+    nq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or cfg["hidden_size"] // nq
+    for row in single_host["cases"][name]:
+        slots = max(hkv, row["tp"])
+        assert row["qkv_shape"] == [cfg["hidden_size"], (nq + 2 * slots) * d], (name, row["tp"])
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])

@@ -66,6 +66,9 @@ def run_case(model: str, tp: int, role: str = "replay", **kw) -> dict:
         "param_bytes_per_device": per_device,
         "replicated_params": replicated,
         "replicated_bytes": replicated_bytes,
+        "qkv_shape": list(params["layers_0/attn/qkv_proj/kernel"].shape)
+        if "layers_0/attn/qkv_proj/kernel" in params
+        else None,
         "kv_shape": list(k_pages.shape),
         "kv_shard_shape": list(k_pages.addressable_shards[0].data.shape),
         "kv_num_devices": len(k_pages.sharding.device_set),
