@@ -89,6 +89,21 @@ def device_lines(trace: dict) -> dict[str, int]:
     return dict(out)
 
 
+def host_event_times(trace: dict) -> dict[str, tuple[int, float]]:
+    """{event name: (calls, total microseconds)} over the host's lines (XLA's and PjRt's TraceMe events:
+    the executable's launch, its thunks, allocations, transfers). Nested events each count their whole
+    duration."""
+    procs, _ = _line_names(trace)
+    out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or "/device:" in procs.get(e.get("pid"), ""):
+            continue
+        rec = out[e["name"]]
+        rec[0] += 1
+        rec[1] += float(e.get("dur", 0.0))
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def device_kernel_times(trace: dict) -> dict[str, tuple[int, float]]:
     """{kernel name: (calls, total microseconds)} over the device's stream lines of a Chrome trace."""
     out: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
@@ -186,7 +201,7 @@ def mixed_inputs(runner, decodes: int, context: int, prefills: int, chunk: int):
     return inputs
 
 
-def profile_step(runner, inputs, reps: int, trace_dir: Path | None) -> dict:
+def profile_step(runner, inputs, reps: int, trace_dir: Path | None, host_events: bool = False) -> dict:
     import jax
 
     run = lambda: runner._run_model(inputs, all_logits=False)  # noqa: E731
@@ -215,6 +230,16 @@ def profile_step(runner, inputs, reps: int, trace_dir: Path | None) -> dict:
     # host pays to copy them in and for the device addresses that change with each new input buffer.
     resident = dataclasses.replace(inputs, packed=jax.device_put(inputs.packed))
     resident_ms, resident_dispatch_ms = train(lambda: runner._run_model(resident, all_logits=False))
+    host_top = None
+    if host_events:  # where the host's time to enqueue a step goes, over a traced back-to-back train
+        with tempfile.TemporaryDirectory() as tmp:
+            with jax.profiler.trace(tmp):
+                train(run)
+            events = host_event_times(load_trace(Path(tmp)))
+        host_top = [
+            {"name": n[:160], "calls_per_step": c / reps, "ms_per_step": us / reps / 1e3}
+            for n, (c, us) in sorted(events.items(), key=lambda kv: -kv[1][1])[:40]
+        ]
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = trace_dir or Path(tmp)
         with jax.profiler.trace(str(log_dir)):
@@ -232,6 +257,8 @@ def profile_step(runner, inputs, reps: int, trace_dir: Path | None) -> dict:
         "resident_inputs_back_to_back_ms": resident_ms,
         "trace_lines": lines,
     }
+    if host_top is not None:
+        row["host_top_events"] = host_top
     if not kernels:
         row["note"] = "no device kernel events in the trace (not a GPU?)"
         return row
@@ -282,6 +309,9 @@ def main(argv=None) -> dict:
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--trace-dir", default=None, help="keep the raw traces here (one folder per case)")
+    p.add_argument(
+        "--host-events", action="store_true", help="also trace a back-to-back train: the host's top events"
+    )
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
@@ -318,7 +348,7 @@ def main(argv=None) -> dict:
         inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)
         label = f"{kind} {b}x{c}" + (f"+{pf[0]}x{pf[1]}" if pf else "")
         tdir = Path(args.trace_dir) / label.replace(" ", "-").replace("+", "_") if args.trace_dir else None
-        row = {"case": label, **profile_step(runner, inputs, args.reps, tdir)}
+        row = {"case": label, **profile_step(runner, inputs, args.reps, tdir, args.host_events)}
         rows.append(row)
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in row.get("by_kind_ms", {}).items())
         logger.info(
@@ -328,6 +358,10 @@ def main(argv=None) -> dict:
             row["resident_inputs_back_to_back_ms"], row["resident_inputs_dispatch_ms"], row.get("device_span_ms", 0),
             row.get("device_gaps_ms", 0), row.get("bursts_per_step", 0), row.get("busy_ms", 0), kinds,
         )  # fmt: skip
+        for ev in row.get("host_top_events", [])[:25]:
+            logger.info(
+                "  host %8.3f ms/step %7.1f calls  %s", ev["ms_per_step"], ev["calls_per_step"], ev["name"]
+            )
     result = make_result(
         "step_profile",
         f"{args.model}-step-profile-{llm.llm_engine.startup_info.get('attention_backend')}",

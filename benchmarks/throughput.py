@@ -154,7 +154,7 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
 
     prompts = [r.prompt for r in requests]
     timing = engine.runner.timing
-    steps0, wait0 = timing.steps, timing.wait_s
+    steps0, wait0, phases0 = timing.steps, timing.wait_s, dict(timing.host_s)
     with device_trace(args.device_trace) as traced:
         t0 = time.perf_counter()
         if all(isinstance(p, list) for p in prompts):
@@ -169,6 +169,8 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
         "device_wait_s": round(wait, 3),
         "host_s": round(elapsed - wait, 3),
         "host_share": (elapsed - wait) / elapsed if elapsed > 0 else 0.0,
+        # the engine's host phases (schedule, dispatch: inputs + enqueueing the steps, process), s in all
+        "host_phases_s": {k: round(v - phases0.get(k, 0.0), 3) for k, v in timing.host_s.items()},
     }
     if args.device_trace:
         breakdown["device_timeline"] = traced.get("timeline") or "no device kernel events in the trace"
@@ -306,6 +308,9 @@ def print_report(result: dict[str, Any]) -> None:
             f"and worked {b['host_s']} s ({b['host_share']:.0%} of the wall time; with async scheduling that work "
             "overlaps the device's, so waiting means the device was the bottleneck)"
         )
+        if b.get("host_phases_s"):
+            per = ", ".join(f"{k} {v / max(b['steps'], 1) * 1e3:.2f}" for k, v in b["host_phases_s"].items())
+            print(f"host phases per step (ms): {per}")
         t = b.get("device_timeline")
         if isinstance(t, dict):
             print(

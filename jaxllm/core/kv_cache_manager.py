@@ -93,7 +93,12 @@ class KVCacheManager:
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens={num_new_tokens} must be >= 1")
         rid = request.request_id
-        blocks = self.req_to_blocks.get(rid, [])
+        blocks = self.req_to_blocks.get(rid)
+        if blocks and not new_computed_blocks:  # a running request (most steps: a decode in its last block)
+            needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(blocks)
+            if needed <= 0:
+                return []
+        blocks = blocks if blocks is not None else []
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_required = cdiv(num_computed + num_new_tokens, self.block_size)
         num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
@@ -137,14 +142,18 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         rid = request.request_id
+        # Computed positions whose token ids are known (with async scheduling a step in flight may have
+        # computed a position whose token is still being sampled).
+        known = min(
+            request.num_computed_tokens, len(request.prompt_token_ids) + len(request.output_token_ids)
+        )
+        num_cached = self._num_cached_blocks.get(rid, 0)
+        if known // self.block_size <= num_cached:  # no block filled up since the last call (most steps)
+            return
         blocks = self.req_to_blocks.get(rid)
         if not blocks:
             return
-        # Computed positions whose token ids are known (with async scheduling a step in flight may have
-        # computed a position whose token is still being sampled).
-        known = min(request.num_computed_tokens, request.num_tokens)
         num_full = min(known // self.block_size, len(blocks))
-        num_cached = self._num_cached_blocks.get(rid, 0)
         if num_full <= num_cached:
             return
         self.pool.cache_full_blocks(blocks, self.block_hashes(request, num_full), num_cached, num_full)

@@ -119,10 +119,11 @@ class Scheduler:
         preempted = False
 
         # 1. Running requests: decodes (one remaining token) before prompt chunks; sort is stable.
-        for request in sorted(self.running, key=lambda r: _num_uncomputed(r) > 1):
+        running = RequestStatus.RUNNING
+        for request in sorted(self.running, key=_more_than_one_uncomputed):
             if budget == 0:
                 break
-            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+            if request.status != running:  # preempted earlier in this loop
                 continue
             if request.num_output_placeholders and self._pending_token_ends(request):
                 continue  # its token in flight is its last: it finishes when the result arrives
@@ -143,7 +144,7 @@ class Scheduler:
                     budget += scheduled.pop(victim.request_id).num_new_tokens
                 if victim is request:
                     break
-            if request.status != RequestStatus.RUNNING:
+            if request.status != running:
                 continue
             scheduled[request.request_id] = self._scheduled(request, num_new)
             budget -= num_new
@@ -169,11 +170,13 @@ class Scheduler:
         out.scheduled = sorted(scheduled.values(), key=lambda s: s.num_new_tokens > 1 or not s.samples)
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
         for s in out.scheduled:
-            p = s.request.num_prompt_tokens
-            self._prompt_tokens += max(0, min(s.start + s.num_new_tokens, p) - s.start)
-            s.request.num_computed_tokens += s.num_new_tokens
+            request = s.request
+            p = len(request.prompt_token_ids)
+            if s.start < p:
+                self._prompt_tokens += min(s.start + s.num_new_tokens, p) - s.start
+            request.num_computed_tokens += s.num_new_tokens
             if s.samples:
-                s.request.num_output_placeholders += 1
+                request.num_output_placeholders += 1
         return out
 
     def update_from_output(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[Request]:
@@ -184,16 +187,14 @@ class Scheduler:
                 f"{len(sched_out.scheduled)} scheduled requests"
             )
         changed, self._finished_in_schedule = self._finished_in_schedule, []
+        req_ids = runner_out.req_ids
         for i, s in enumerate(sched_out.scheduled):
             request = s.request
-            if runner_out.req_ids:
-                assert runner_out.req_ids[i] == request.request_id, (
-                    runner_out.req_ids[i],
-                    request.request_id,
-                )
+            if req_ids:
+                assert req_ids[i] == request.request_id, (req_ids[i], request.request_id)
             if s.samples and request.num_output_placeholders > 0:
                 request.num_output_placeholders -= 1
-            if request.is_finished:
+            if request.status >= _FIRST_FINISHED:
                 continue  # finished from outside (abort, stop string) or by an earlier result
             new_tokens = runner_out.sampled_token_ids[i]
             # A request preempted after this step was scheduled still gets its token: the step ran.
@@ -254,13 +255,16 @@ class Scheduler:
             self.waiting.append(request)
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        known = (
+            len(request.prompt_token_ids) + len(request.output_token_ids) + request.num_output_placeholders
+        )
         return ScheduledRequest(
             request=request,
             num_new_tokens=num_new,
-            start=request.num_computed_tokens,
+            start=start,
             block_ids=self.kv.get_block_ids(request),
-            samples=request.num_computed_tokens + num_new
-            >= request.num_tokens + request.num_output_placeholders,
+            samples=start + num_new >= known,
         )
 
     def _admit(self, request: Request, budget: int) -> int:
@@ -331,14 +335,18 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens:
             if not params.ignore_eos and request.eos_token_id is not None and token == request.eos_token_id:
                 request.stop_reason = None
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
+        if (
+            num_output >= request.max_tokens
+            or len(request.prompt_token_ids) + num_output >= self.config.max_model_len
+        ):
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -360,6 +368,19 @@ class Scheduler:
         del self.requests[request.request_id]
 
 
+_FIRST_FINISHED = RequestStatus.FINISHED_STOPPED  # statuses from here on are finished ones
+
+
 def _num_uncomputed(request: Request) -> int:
     """Tokens the request has (its placeholders in flight included) whose KV is not computed yet."""
-    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+    return (
+        len(request.prompt_token_ids)
+        + len(request.output_token_ids)
+        + request.num_output_placeholders
+        - request.num_computed_tokens
+    )
+
+
+def _more_than_one_uncomputed(request: Request) -> bool:
+    """The sort key that puts decodes (one uncomputed token) before prompt chunks."""
+    return _num_uncomputed(request) > 1

@@ -192,42 +192,51 @@ def build_sampling_metadata(
     if num_rows_padded < n:
         raise ValueError(f"num_rows_padded={num_rows_padded} must be >= the number of rows ({n})")
     S = num_rows_padded
-    temperature = np.ones(S, np.float32)
-    top_p = np.ones(S, np.float32)
-    top_k = np.zeros(S, np.int32)
-    min_p = np.zeros(S, np.float32)
-    presence = np.zeros(S, np.float32)
-    frequency = np.zeros(S, np.float32)
-    repetition = np.ones(S, np.float32)
-    key_data = np.zeros((S, 2), np.uint32)
-    step = np.zeros(S, np.int32)
-    is_greedy = np.ones(S, bool)
-
     num_out = [
         0 if row is None else len(row.output_token_ids) + (pending[i] if pending else 0)
         for i, row in enumerate(rows)
     ]
-    suppress = [[] if row is None else _suppressed(row, num_out[i]) for i, row in enumerate(rows)]
-    for i, row in enumerate(rows):
-        if row is None:
-            continue
-        p = row.params
-        key_data[i] = seed_key_data(row.seed)
-        step[i] = num_out[i]
-        presence[i] = p.presence_penalty
-        frequency[i] = p.frequency_penalty
-        repetition[i] = p.repetition_penalty
-        if not p.greedy:
-            is_greedy[i] = False
-            temperature[i] = p.temperature
-            top_p[i] = p.top_p
-            top_k[i] = p.top_k if 0 < p.top_k < vocab_size else 0
-            min_p[i] = p.min_p
+    # Per-row values as Python lists, one numpy conversion per field: a numpy element write per row and
+    # field cost ~10 ms a step at 1,000 rows on the host's critical path.
+    params = [None if row is None else row.params for row in rows]
+    sampled = [p for p in params if p is not None and not p.greedy]
 
+    def column(value, default: float, dtype, only_sampled: bool = False) -> np.ndarray:
+        out = np.full(S, default, dtype)
+        if only_sampled and not sampled:
+            return out
+        out[:n] = [
+            default if p is None or (only_sampled and p.greedy) else value(p) for p in params
+        ]  # fmt: skip
+        return out
+
+    presence = column(lambda p: p.presence_penalty, 0.0, np.float32)
+    frequency = column(lambda p: p.frequency_penalty, 0.0, np.float32)
+    repetition = column(lambda p: p.repetition_penalty, 1.0, np.float32)
+    temperature = column(lambda p: p.temperature, 1.0, np.float32, only_sampled=True)
+    top_p = column(lambda p: p.top_p, 1.0, np.float32, only_sampled=True)
+    top_k = column(lambda p: p.top_k if 0 < p.top_k < vocab_size else 0, 0, np.int32, only_sampled=True)
+    min_p = column(lambda p: p.min_p, 0.0, np.float32, only_sampled=True)
+    is_greedy = np.ones(S, bool)
+    if sampled:
+        is_greedy[:n] = [p is None or p.greedy for p in params]
+    step = np.zeros(S, np.int32)
+    step[:n] = num_out
+    key_data = np.zeros((S, 2), np.uint32)
+    if n:
+        seeds = np.array([0 if row is None else row.seed for row in rows], np.uint64)
+        key_data[:n, 0] = seeds >> np.uint64(32)
+        key_data[:n, 1] = seeds & np.uint64(_U32)
+
+    suppress = [
+        [] if row is None or num_out[i] >= row.params.min_tokens else _suppressed(row, num_out[i])
+        for i, row in enumerate(rows)
+    ]
     width = _next_pow2(max((len(s) for s in suppress), default=0), _MIN_SUPPRESS_WIDTH)
     suppress_ids = np.full((S, width), -1, np.int32)
     for i, ids in enumerate(suppress):
-        suppress_ids[i, : len(ids)] = ids
+        if ids:
+            suppress_ids[i, : len(ids)] = ids
 
     penal = [i for i, r in enumerate(rows) if r is not None and r.params.uses_penalties]
     H = 0
