@@ -2,8 +2,11 @@
 
 A tiny random Llama (head_dim 64, bf16) runs the same batch of prompts through both backends. In bf16
 two correct attention implementations round differently, and a near-tie between the top two tokens can
-flip; after that the continuations differ. So the check is: every first token identical, and wherever
-two continuations part, the reference's top-2 logprob gap at that position is small (a near-tie).
+flip; after that the continuations differ. So the check is: wherever two continuations part (the first
+token included), the reference's top-2 logprob gap at that position is small (a near-tie), and the
+logprobs of the shared prefixes agree within the same floor. (Until 2026-12-04 every first token also had
+to be identical; with q|k|v fused into one GEMM the inputs round differently and one of 48 prompts
+lands on a first-token near-tie: 47/48 identical, that divergence's gap inside the floor.)
 
 "Small" is the bf16 noise floor of this model, measured on the CPU with the reference attention alone,
 float32 against bfloat16 weights (same prompts): 14/48 identical continuations, logprob differences up to
@@ -26,13 +29,15 @@ import numpy as np
 from jaxllm import LLM, SamplingParams
 from tests.utils.tiny_models import save_tiny_llama
 
+NOISE_FLOOR = 0.6  # logprob units: above the bf16 floor measured on the CPU (0.51 / 0.57, docstring)
+
 
 def compare(ref: dict, pal: dict, n: int) -> tuple[dict, bool]:
     """Summary of one backend's continuations against the reference's, and whether it passes."""
     same = sum(a == b for a, b in zip(ref["tokens"], pal["tokens"]))
     first_same = sum(a[0] == b[0] for a, b in zip(ref["tokens"], pal["tokens"]))
     lp_diff = float(np.max(np.abs(np.array(ref["first_lp"]) - np.array(pal["first_lp"]))))
-    gaps, prefix_diffs = [], []
+    gaps, first_gaps, prefix_diffs = [], [], [0.0]
     for a, b, lpa, lpb in zip(ref["tokens"], pal["tokens"], ref["logprobs"], pal["logprobs"]):
         k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         upto = len(a) if k is None else k
@@ -40,15 +45,18 @@ def compare(ref: dict, pal: dict, n: int) -> tuple[dict, bool]:
         if k is not None:
             top = sorted((lp.logprob for lp in lpa[k].values()), reverse=True)
             gaps.append(top[0] - top[1])
+            if k == 0:
+                first_gaps.append(top[0] - top[1])
     summary = dict(
         prompts=n,
         identical_sequences=same,
         identical_first_tokens=first_same,
+        first_token_divergence_top2_gaps=first_gaps,
         max_first_logprob_diff=lp_diff,
         divergence_top2_gaps=gaps,
         max_logprob_diff_on_shared_prefix=max(prefix_diffs),
     )
-    return summary, first_same == n and all(g < 0.6 for g in gaps) and max(prefix_diffs) < 0.6
+    return summary, all(g < NOISE_FLOOR for g in gaps) and max(prefix_diffs) < NOISE_FLOOR
 
 
 def main(out_path: str, backends: list[str]) -> int:

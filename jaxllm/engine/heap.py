@@ -22,6 +22,15 @@ from __future__ import annotations
 import gc
 
 
+def collect_dropped_engines() -> None:
+    """Unfreeze and collect what an earlier engine's start-up froze, so an engine dropped since (its KV
+    cache and weights are cyclic garbage) frees its device memory before a new engine allocates its own:
+    called first thing by every engine's start-up. A no-op when nothing is frozen."""
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()
+
+
 def freeze_startup_heap() -> int:
     """Collect, then move every object alive now into the collector's permanent generation. Objects an
     earlier call froze are unfrozen first, so an engine dropped since (a notebook building a second one,

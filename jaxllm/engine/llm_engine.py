@@ -23,7 +23,7 @@ from jaxllm.config import EngineConfig
 from jaxllm.core.scheduler import Scheduler
 from jaxllm.engine.batch_defaults import default_batch_limits, device_total_memory
 from jaxllm.engine.detokenizer import IncrementalDetokenizer
-from jaxllm.engine.heap import freeze_startup_heap
+from jaxllm.engine.heap import collect_dropped_engines, freeze_startup_heap
 from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentState
 from jaxllm.layers.attention import resolve_backend
 from jaxllm.loader import load_model
@@ -62,6 +62,7 @@ class LLMEngine:
         """`user_set` names the scheduler fields the user gave explicitly; the others get vLLM's defaults for
         the platform and `usage` ("offline" for LLM(...), "server" for the API server; batch_defaults.py)."""
         t_start = time.perf_counter()
+        collect_dropped_engines()  # an engine dropped since the last start-up frees its device memory now
         size_device_memory_pool(config.cache.gpu_memory_utilization)
         self.distributed = initialize_distributed(config.parallel)  # before any other jax use
         self.cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)

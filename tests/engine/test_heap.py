@@ -38,3 +38,27 @@ def test_engine_start_freezes_its_heap(tiny_llama_dir, jax_cache_dir):
     assert engine.startup_info["gc_frozen_objects"] > 0
     assert not any(o is engine.runner for o in gc.get_objects())  # built before the freeze
     gc.unfreeze()
+
+
+def test_a_dropped_engine_is_freed_before_the_next_one_allocates(tiny_llama_dir, jax_cache_dir, monkeypatch):
+    """Its start-up froze the first engine (cycles included): the second engine's start-up must collect it
+    before sizing and allocating its own KV cache, or the device runs out of memory (seen on the H200)."""
+    from jaxllm.runner.model_runner import ModelRunner
+
+    kw = dict(dtype="float32", max_model_len=64, compilation_cache_dir=jax_cache_dir)
+    first = LLM(tiny_llama_dir, **kw)
+    ref = weakref.ref(first.llm_engine.runner)
+    del first
+    gc.collect()
+    assert ref() is not None  # frozen: an ordinary collection leaves it
+    alive_at_allocation = []
+    allocate = ModelRunner.allocate_kv_cache
+
+    def spy(self, *args, **kwargs):
+        alive_at_allocation.append(ref() is not None)
+        return allocate(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "allocate_kv_cache", spy)
+    LLM(tiny_llama_dir, **kw)
+    assert alive_at_allocation == [False]
+    gc.unfreeze()
