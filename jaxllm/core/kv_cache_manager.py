@@ -95,8 +95,7 @@ class KVCacheManager:
         rid = request.request_id
         blocks = self.req_to_blocks.get(rid)
         if blocks and not new_computed_blocks:  # a running request (most steps: a decode in its last block)
-            needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(blocks)
-            if needed <= 0:
+            if cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) <= len(blocks):
                 return []
         blocks = blocks if blocks is not None else []
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
@@ -144,9 +143,7 @@ class KVCacheManager:
         rid = request.request_id
         # Computed positions whose token ids are known (with async scheduling a step in flight may have
         # computed a position whose token is still being sampled).
-        known = min(
-            request.num_computed_tokens, len(request.prompt_token_ids) + len(request.output_token_ids)
-        )
+        known = min(request.num_computed_tokens, request.num_tokens)
         num_cached = self._num_cached_blocks.get(rid, 0)
         if known // self.block_size <= num_cached:  # no block filled up since the last call (most steps)
             return

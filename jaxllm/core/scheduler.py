@@ -171,7 +171,7 @@ class Scheduler:
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
         for s in out.scheduled:
             request = s.request
-            p = len(request.prompt_token_ids)
+            p = request.num_prompt_tokens
             if s.start < p:
                 self._prompt_tokens += min(s.start + s.num_new_tokens, p) - s.start
             request.num_computed_tokens += s.num_new_tokens
@@ -194,7 +194,7 @@ class Scheduler:
                 assert req_ids[i] == request.request_id, (req_ids[i], request.request_id)
             if s.samples and request.num_output_placeholders > 0:
                 request.num_output_placeholders -= 1
-            if request.status >= _FIRST_FINISHED:
+            if request.is_finished:
                 continue  # finished from outside (abort, stop string) or by an earlier result
             new_tokens = runner_out.sampled_token_ids[i]
             # A request preempted after this step was scheduled still gets its token: the step ran.
@@ -256,9 +256,7 @@ class Scheduler:
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
-        known = (
-            len(request.prompt_token_ids) + len(request.output_token_ids) + request.num_output_placeholders
-        )
+        known = request.num_tokens + request.num_output_placeholders
         return ScheduledRequest(
             request=request,
             num_new_tokens=num_new,
@@ -335,7 +333,7 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
-        num_output = len(request.output_token_ids)
+        num_output = request.num_output_tokens
         if num_output >= params.min_tokens:
             if not params.ignore_eos and request.eos_token_id is not None and token == request.eos_token_id:
                 request.stop_reason = None
@@ -343,10 +341,7 @@ class Scheduler:
             if token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if (
-            num_output >= request.max_tokens
-            or len(request.prompt_token_ids) + num_output >= self.config.max_model_len
-        ):
+        if num_output >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -368,17 +363,9 @@ class Scheduler:
         del self.requests[request.request_id]
 
 
-_FIRST_FINISHED = RequestStatus.FINISHED_STOPPED  # statuses from here on are finished ones
-
-
 def _num_uncomputed(request: Request) -> int:
     """Tokens the request has (its placeholders in flight included) whose KV is not computed yet."""
-    return (
-        len(request.prompt_token_ids)
-        + len(request.output_token_ids)
-        + request.num_output_placeholders
-        - request.num_computed_tokens
-    )
+    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
 
 
 def _more_than_one_uncomputed(request: Request) -> bool:

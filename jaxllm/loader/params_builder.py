@@ -41,6 +41,7 @@ class ParamsBuilder:
         self.loaded: dict[str, jax.Array] = {}
         # a part's module path inside a layer ("attn/k_proj") -> (its group, its index there)
         self._parts = {p.name: (g, i) for g in fused_groups for i, p in enumerate(g.parts)}
+        self._groups = {g.name: g for g in fused_groups}  # fused module path -> its group
         self._held: dict[str, dict[int, Any]] = {}  # fused path -> {part index: array}
 
     def put(self, path: str, x: Any, transpose: bool = False, tensor_name: str | None = None) -> None:
@@ -103,11 +104,9 @@ class ParamsBuilder:
     def _describe_missing(self, path: str) -> str:
         """A fused weight names the checkpoint parts it still lacks."""
         m = _LAYER_PREFIX.match(path)
-        for group, _ in self._parts.values():
-            if m and m.group(2) == group.name:
-                have = self._held.get(path, {})
-                lacks = [
-                    f"{m.group(1)}{p.name}/{m.group(3)}" for j, p in enumerate(group.parts) if j not in have
-                ]
-                return f"{', '.join(lacks)} (parts of {path})"
-        return path
+        group = self._groups.get(m.group(2)) if m else None
+        if group is None:
+            return path
+        have = self._held.get(path, {})
+        lacks = [f"{m.group(1)}{p.name}/{m.group(3)}" for j, p in enumerate(group.parts) if j not in have]
+        return f"{', '.join(lacks)} (parts of {path})"

@@ -228,10 +228,7 @@ def build_sampling_metadata(
         key_data[:n, 0] = seeds >> np.uint64(32)
         key_data[:n, 1] = seeds & np.uint64(_U32)
 
-    suppress = [
-        [] if row is None or num_out[i] >= row.params.min_tokens else _suppressed(row, num_out[i])
-        for i, row in enumerate(rows)
-    ]
+    suppress = [[] if row is None else _suppressed(row, num_out[i]) for i, row in enumerate(rows)]
     width = _next_pow2(max((len(s) for s in suppress), default=0), _MIN_SUPPRESS_WIDTH)
     suppress_ids = np.full((S, width), -1, np.int32)
     for i, ids in enumerate(suppress):
