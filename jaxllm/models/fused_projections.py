@@ -58,13 +58,6 @@ class FusedGroup:
     def width(self) -> int:
         return sum(self.part_widths())
 
-    def part_of(self, module: str) -> int | None:
-        """Index of the part whose checkpoint module path is `module`, or None."""
-        for i, p in enumerate(self.parts):
-            if p.name == module:
-                return i
-        return None
-
 
 def fuse_columns(group: FusedGroup, parts: list) -> jnp.ndarray:
     """The fused weight ([in, width]) or bias ([width]) from the parts' arrays ([in, heads * head_width] or

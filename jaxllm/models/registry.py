@@ -16,6 +16,7 @@ from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.llama import LlamaForCausalLM
 from jaxllm.models.opt import OPTForCausalLM
+from jaxllm.parallel.sharding import kv_cache_heads
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -54,7 +55,7 @@ def fused_groups(module: nn.Module) -> tuple:
 
 def kv_slots(module: nn.Module) -> int:
     """KV heads the module's layers produce: Nkv, or the tensor-parallel size when that is larger."""
-    return max(module.arch.num_kv_heads, getattr(module, "tp_size", 1))
+    return kv_cache_heads(module.arch, getattr(module, "tp_size", 1))
 
 
 def dummy_inputs(
