@@ -132,6 +132,22 @@ def device_spans(trace: dict, gap_us: float = 300.0) -> list[tuple[float, float]
     return out
 
 
+def kernel_sequence(trace: dict, limit: int) -> list[dict]:
+    """The first `limit` kernels of the trace's last step (last burst), in device order: name, duration
+    and the idle time since the previous kernel ended (us). Shows what one layer launches, one by one."""
+    evs = sorted((float(e["ts"]), float(e.get("dur", 0.0)), e["name"]) for e in _stream_kernels(trace))
+    start = 0
+    for i in range(1, len(evs)):
+        if evs[i][0] - (evs[i - 1][0] + evs[i - 1][1]) > 300.0:  # a new burst (step): as device_spans
+            start = i
+    out, prev_end = [], None
+    for ts, dur, name in evs[start : start + limit]:
+        gap = 0.0 if prev_end is None else max(0.0, ts - prev_end)
+        out.append({"name": name[:120], "us": round(dur, 2), "gap_us": round(gap, 2)})
+        prev_end = ts + dur
+    return out
+
+
 def device_timeline(trace: dict, gap_ms: tuple[float, ...] = (0.1, 1.0)) -> dict | None:
     """Over a whole traced run: the union of the device's kernel intervals (busy), the span from the first
     kernel to the last, and the device's idle gaps longer than each of `gap_ms` (count, total ms). A long
@@ -201,7 +217,9 @@ def mixed_inputs(runner, decodes: int, context: int, prefills: int, chunk: int):
     return inputs
 
 
-def profile_step(runner, inputs, reps: int, trace_dir: Path | None, host_events: bool = False) -> dict:
+def profile_step(
+    runner, inputs, reps: int, trace_dir: Path | None, host_events: bool = False, sequence: int = 0
+) -> dict:
     import jax
 
     run = lambda: runner._run_model(inputs, all_logits=False)  # noqa: E731
@@ -235,7 +253,10 @@ def profile_step(runner, inputs, reps: int, trace_dir: Path | None, host_events:
         with tempfile.TemporaryDirectory() as tmp:
             with jax.profiler.trace(tmp):
                 train(run)
-            events = host_event_times(load_trace(Path(tmp)))
+            b2b_trace = load_trace(Path(tmp))
+            events = host_event_times(b2b_trace)
+            # The device over that train: busy near its span = device-bound; idle gaps = the host's.
+            b2b_device = device_timeline(b2b_trace, gap_ms=(0.01, 0.1))
         host_top = [
             {"name": n[:160], "calls_per_step": c / reps, "ms_per_step": us / reps / 1e3}
             for n, (c, us) in sorted(events.items(), key=lambda kv: -kv[1][1])[:40]
@@ -247,6 +268,7 @@ def profile_step(runner, inputs, reps: int, trace_dir: Path | None, host_events:
                 jax.block_until_ready(run())
         trace = load_trace(Path(log_dir))
         kernels, lines, spans = device_kernel_times(trace), device_lines(trace), device_spans(trace)
+        seq = kernel_sequence(trace, sequence) if sequence else None
     wall_ms = statistics.median(walls) * 1e3
     row: dict = {
         "wall_ms": wall_ms,
@@ -259,6 +281,9 @@ def profile_step(runner, inputs, reps: int, trace_dir: Path | None, host_events:
     }
     if host_top is not None:
         row["host_top_events"] = host_top
+        row["back_to_back_device"] = b2b_device
+    if seq:
+        row["kernel_sequence"] = seq
     if not kernels:
         row["note"] = "no device kernel events in the trace (not a GPU?)"
         return row
@@ -312,6 +337,13 @@ def main(argv=None) -> dict:
     p.add_argument(
         "--host-events", action="store_true", help="also trace a back-to-back train: the host's top events"
     )
+    p.add_argument(
+        "--kernel-sequence",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also record a step's first N kernels in order",
+    )
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
@@ -348,7 +380,10 @@ def main(argv=None) -> dict:
         inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)
         label = f"{kind} {b}x{c}" + (f"+{pf[0]}x{pf[1]}" if pf else "")
         tdir = Path(args.trace_dir) / label.replace(" ", "-").replace("+", "_") if args.trace_dir else None
-        row = {"case": label, **profile_step(runner, inputs, args.reps, tdir, args.host_events)}
+        row = {
+            "case": label,
+            **profile_step(runner, inputs, args.reps, tdir, args.host_events, args.kernel_sequence),
+        }
         rows.append(row)
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in row.get("by_kind_ms", {}).items())
         logger.info(
@@ -358,6 +393,10 @@ def main(argv=None) -> dict:
             row["resident_inputs_back_to_back_ms"], row["resident_inputs_dispatch_ms"], row.get("device_span_ms", 0),
             row.get("device_gaps_ms", 0), row.get("bursts_per_step", 0), row.get("busy_ms", 0), kinds,
         )  # fmt: skip
+        for k in row.get("kernel_sequence", []):
+            logger.info("  kernel %8.2f us (after %6.2f us idle)  %s", k["us"], k["gap_us"], k["name"])
+        if row.get("back_to_back_device"):
+            logger.info("  back to back, device: %s", json.dumps(row["back_to_back_device"]))
         for ev in row.get("host_top_events", [])[:25]:
             logger.info(
                 "  host %8.3f ms/step %7.1f calls  %s", ev["ms_per_step"], ev["calls_per_step"], ev["name"]

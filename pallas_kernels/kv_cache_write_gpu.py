@@ -1,7 +1,9 @@
 """KV-cache write as a Pallas kernel (Triton lowering): the step's new K/V rows go into their slots.
 
 Grid (Hkv, cdiv(T, block_t)). Program (h, i) loads block_t rows of head h of k and v and stores each
-row to slot_mapping[row] of the head's pages, viewed as [P * PS, D]. The page arrays are aliased
+row to slot_mapping[row] of the head's pages, viewed as [P * PS, D]. k and v may be wider than the cache
+(`k_head`, `v_head`: cache head h takes k[:, k_head + h] and v[:, v_head + h]), so one fused q|k|v array
+[T, Hq + 2 Hkv, D] serves as both, read in place: no kernel has to cut k and v out of it first. The page arrays are aliased
 input -> output (input_output_aliases), so under jit with the cache donated nothing but the written
 rows is touched: no copy of the pool. Rows with slot < 0 (padding) are masked out of the store.
 
@@ -54,25 +56,30 @@ def row_block(t: int, block_t: int) -> int:
     return b if b >= 8 and t % b == 0 else block_t
 
 
-@functools.partial(jax.jit, static_argnames=("block_t", "interpret"), donate_argnums=(2, 3))
+@functools.partial(
+    jax.jit, static_argnames=("block_t", "interpret", "k_head", "v_head"), donate_argnums=(2, 3)
+)
 def write_kv_cache_pallas(
-    k,  # [T, Hkv, D]
-    v,  # [T, Hkv, D]
+    k,  # [T, >= k_head + Hkv, D]
+    v,  # [T, >= v_head + Hkv, D]
     k_pages,  # [Hkv, P, PS, D] donated
     v_pages,  # [Hkv, P, PS, D] donated
     slot_mapping,  # i32[T], -1 for padding rows
     *,
     block_t: int = 16,
     interpret: bool = False,
+    k_head: int = 0,
+    v_head: int = 0,
 ):
-    t, hkv, d = k.shape
-    if (
-        k_pages.shape != v_pages.shape
-        or k_pages.ndim != 4
-        or k_pages.shape[0] != hkv
-        or k_pages.shape[3] != d
-    ):
+    t, _, d = k.shape
+    if k_pages.shape != v_pages.shape or k_pages.ndim != 4 or k_pages.shape[3] != d:
         raise ValueError(f"k/v [T, Hkv, D] {k.shape} do not match pages [Hkv, P, PS, D] {k_pages.shape}")
+    hkv = k_pages.shape[0]
+    for name, x, first in (("k", k, k_head), ("v", v, v_head)):
+        if x.ndim != 3 or x.shape[0] != t or x.shape[2] != d or not 0 <= first <= x.shape[1] - hkv:
+            raise ValueError(
+                f"{name} {x.shape} must be [T={t}, H, D={d}] holding the {hkv} cache heads from head {first}"
+            )
     if slot_mapping.shape != (t,) or slot_mapping.dtype != jnp.int32:
         raise ValueError(f"slot_mapping must be i32[{t}], got {slot_mapping.dtype}{list(slot_mapping.shape)}")
     _, p, ps, _ = k_pages.shape
@@ -93,11 +100,12 @@ def write_kv_cache_pallas(
         kf = jnp.pad(kf, ((0, 0), (0, 1), (0, 0)))
         vf = jnp.pad(vf, ((0, 0), (0, 1), (0, 0)))
     page_spec = pl.BlockSpec((None, n + extra, d), lambda h, i: (h, 0, 0))
-    row_spec = pl.BlockSpec((tp, None, d), lambda h, i: (0, h, 0))
+    k_spec = pl.BlockSpec((tp, None, d), lambda h, i: (0, k_head + h, 0))
+    v_spec = pl.BlockSpec((tp, None, d), lambda h, i: (0, v_head + h, 0))
     kf, vf = pl.pallas_call(
         functools.partial(_write_kernel, block_t=block_t, num_slots=n if extra else 0),
         grid=(hkv, tp // block_t),
-        in_specs=[pl.BlockSpec((tp,), lambda h, i: (0,)), row_spec, row_spec, page_spec, page_spec],
+        in_specs=[pl.BlockSpec((tp,), lambda h, i: (0,)), k_spec, v_spec, page_spec, page_spec],
         out_specs=[page_spec, page_spec],
         out_shape=[jax.ShapeDtypeStruct(kf.shape, kf.dtype), jax.ShapeDtypeStruct(vf.shape, vf.dtype)],
         input_output_aliases={3: 0, 4: 1},

@@ -50,6 +50,7 @@ from pallas_kernels.ragged_paged_attention_gpu import (
     decode_like,
     from_launch_layout,
     launch_rows,
+    query_view,
     ragged_paged_attention,
     resolve_config,
     to_launch_layout,
@@ -77,7 +78,16 @@ PREFILL_MIN_CONTEXT = 8192
 
 
 def mosaic_covers(
-    t: int, s: int, b: int, dtype, page_size: int, head_dim: int, *, soft_cap, sliding_window, min_context: int
+    t: int,
+    s: int,
+    b: int,
+    dtype,
+    page_size: int,
+    head_dim: int,
+    *,
+    soft_cap,
+    sliding_window,
+    min_context: int,
 ) -> bool:
     """Whether the Mosaic prefill kernel takes part for these static shapes (b: block-table width in pages)
     and options."""
@@ -119,19 +129,21 @@ def ragged_paged_attention_hopper(
     prefill_min_context: int = PREFILL_MIN_CONTEXT,
     decode_min_units: int = DECODE_MIN_UNITS,
     interpret: bool = False,
+    q_heads: int | None = None,
 ):
     """Same contract and result as ref_ragged_paged_attention; decode batches and (with long block tables)
     long prefill chunks on the Mosaic GPU kernels (sm_90), everything else on the Triton-lowered kernel
     (module docstring). prefill_min_context and decode_min_units move the static rules (tests set them
-    to route small problems to the Mosaic kernels).
+    to route small problems to the Mosaic kernels). q_heads: as in ragged_paged_attention (a fused q|k|v).
 
     Compiled as one jitted computation on the GPU. In interpret mode the parts run one by one instead:
     Mosaic GPU's interpreter runs the kernel's threads as host callbacks, which wait forever when the
     XLA CPU computation calling them also holds the interpreted Triton launches."""
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window)
     kw.update(
-        mosaic_min_q_len=mosaic_min_q_len, prefill_min_context=prefill_min_context, decode_min_units=decode_min_units
-    )
+        mosaic_min_q_len=mosaic_min_q_len, prefill_min_context=prefill_min_context, decode_min_units=decode_min_units,
+        q_heads=q_heads,
+    )  # fmt: skip
     args = (q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs)
     if interpret:
         return _hopper(*args, interpret=True, **kw)
@@ -141,23 +153,31 @@ def ragged_paged_attention_hopper(
 def _hopper(
     q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
     *, sm_scale, soft_cap, sliding_window, mosaic_min_q_len, prefill_min_context, decode_min_units, interpret,
+    q_heads,
 ):  # fmt: skip
-    validate_args(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap)
+    validate_args(
+        query_view(q, q_heads), k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window,
+        soft_cap,
+    )  # fmt: skip
     if mosaic_min_q_len < 2:
         raise ValueError(f"{mosaic_min_q_len=} must be >= 2 (decode rows stay on the Triton kernel)")
-    t, hq, d = q.shape
+    t, _, d = q.shape
+    hq = q_heads or q.shape[1]
     hkv, _, ps, _ = k_pages.shape
     s, b = block_tables.shape
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret)
     cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_units=decode_min_units)
     if decode_mosaic_covers(t, s, hq, hkv, q.dtype, ps, **cover):
-        return _decode_like(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
+        qs = q[:, :hq]  # the query heads (XLA fuses the cut into the padding copy _decode_like makes)
+        return _decode_like(qs, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
     prefill_cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_context=prefill_min_context)
     if not mosaic_covers(t, s, b, q.dtype, ps, d, **prefill_cover):
-        return ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, **kw)
+        return ragged_paged_attention(
+            q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, q_heads=q_heads, **kw
+        )
 
     long_rows = prefill_paged_attention_mgpu(
-        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
+        q[:, :hq], k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
         sm_scale=sm_scale, min_q_len=mosaic_min_q_len, interpret=interpret,
     )  # fmt: skip
     pcfg = resolve_config(t, s, hq, hkv, d, ps, b, k_splits=1)
@@ -165,7 +185,7 @@ def _hopper(
     # The Triton launches work in launch layout; in interpret mode with room past T for its clamped
     # slices (as in ragged_paged_attention).
     extra_rows = max(pcfg["block_q"], dcfg["block_q"]) if interpret else 0
-    qg = to_launch_layout(q, hkv, extra_rows)
+    qg = to_launch_layout(q, hkv, extra_rows, q_heads=q_heads)
     out = to_launch_layout(long_rows, hkv, extra_rows)
     launch = functools.partial(
         launch_rows, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
@@ -213,6 +233,6 @@ _hopper_jit = jax.jit(
     _hopper,
     static_argnames=(
         "sm_scale", "soft_cap", "sliding_window", "mosaic_min_q_len", "prefill_min_context", "decode_min_units",
-        "interpret",
+        "interpret", "q_heads",
     ),
 )  # fmt: skip

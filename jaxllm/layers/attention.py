@@ -85,6 +85,59 @@ def paged_attention(
     )(q, k, v, kv_cache, md)
 
 
+def paged_attention_qkv(
+    qkv: jax.Array,  # [T, Hq + 2 S, D]: q|k|v heads (per shard: models/fused_projections.py)
+    kv_cache: KVCache,  # ([S, P, PS, D], [S, P, PS, D])
+    md: AttentionMetadata,
+    *,
+    num_q_heads: int,  # Hq
+    sm_scale: float,
+    backend: str = "reference",
+    soft_cap: float | None = None,
+    sliding_window: int | None = None,
+) -> tuple[jax.Array, KVCache]:  # ([T, Hq, D], cache)
+    """paged_attention of a fused q|k|v projection. The GPU kernels read q, k and v in place (the KV write
+    at head offsets, the attention through a grouped view of the array), so nothing cuts them out first:
+    two XLA kernels fewer per layer than q, k and v made apart (H200, batch 1). Under tensor parallelism
+    the head axis splits shard by shard, which is the fused layout: each device gets its own
+    [q_r | k_r | v_r]."""
+    kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)
+    mesh = current_tp_mesh()
+    if mesh is None:
+        return _local_qkv_attention(qkv, kv_cache, md, num_q_heads=num_q_heads, **kw)
+    n = mesh.shape[TP_AXIS]
+    pages = (P(TP_AXIS, None, None, None), P(TP_AXIS, None, None, None))
+    return jax.shard_map(
+        lambda x, c, m: _local_qkv_attention(x, c, m, num_q_heads=num_q_heads // n, **kw),
+        mesh=mesh,
+        in_specs=(P(None, TP_AXIS, None), pages, P()),
+        out_specs=(P(None, TP_AXIS, None), pages),
+        check_vma=False,
+    )(qkv, kv_cache, md)
+
+
+def _local_qkv_attention(qkv, kv_cache, md, *, num_q_heads, sm_scale, backend, soft_cap, sliding_window):
+    hq = num_q_heads
+    s = (qkv.shape[1] - hq) // 2
+    if backend not in ("pallas", "pallas-hopper"):
+        q, k, v = qkv[:, :hq], qkv[:, hq : hq + s], qkv[:, hq + s :]
+        kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)
+        return _local_paged_attention(q, k, v, kv_cache, md, **kw)
+    from pallas_kernels import gpu_ops
+
+    k_pages, v_pages = gpu_ops.write_kv_cache(qkv, qkv, *kv_cache, md.slot_mapping, k_head=hq, v_head=hq + s)
+    attend = (
+        gpu_ops.ragged_paged_attention_hopper
+        if backend == "pallas-hopper"
+        else gpu_ops.ragged_paged_attention
+    )
+    out = attend(
+        qkv, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs,
+        sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, q_heads=hq,
+    )  # fmt: skip
+    return out, (k_pages, v_pages)
+
+
 def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap, sliding_window):
     k_pages, v_pages = kv_cache
     if backend in ("pallas", "pallas-hopper"):

@@ -94,13 +94,20 @@ def apply_rotary(
     positions: jax.Array,  # i32[T]
     inv_freq: jax.Array,  # f32[D/2] or f32[T, D/2]
     attention_factor: float = 1.0,
+    rotated: tuple[int, int] | None = None,
 ) -> jax.Array:  # [T, H, D], x.dtype
     """The "rotate half" rotation: with x = [x1, x2] (halves of D), out = [x1 cos - x2 sin, x2 cos + x1 sin].
 
     Written without concatenation: the halves are a size-2 axis, and [-x2, x1] is that axis reversed
     times a sign, so the whole rotation is elementwise work on x that XLA fuses into one loop with its
     neighbours (the cast, the attention kernel's layout padding) instead of separate concatenate
-    kernels (two per layer, about 1.6 us each, at batch 1 on the H200)."""
+    kernels (two per layer, about 1.6 us each, at batch 1 on the H200).
+
+    rotated=(period, count): only heads whose index modulo `period` is below `count` rotate; the others
+    pass through unchanged (exactly: cos 1, sin 0). That rotates the q and k heads of a fused q|k|v
+    array [T, Hq + 2 S, D] in one elementwise pass: laid out shard by shard for N devices
+    (models/fused_projections.py), each run of period = (Hq + 2 S) / N heads is one shard's q|k|v, and
+    its first count = (Hq + S) / N heads rotate."""
     inv_freq = jnp.asarray(inv_freq, jnp.float32)
     if inv_freq.ndim == 1:
         inv_freq = inv_freq[None, :]
@@ -112,5 +119,10 @@ def apply_rotary(
     # of the layer's shared trace, models/layer_trace.py)
     sign = 2.0 * jax.lax.broadcasted_iota(jnp.float32, (2, 1), 0) - 1.0
     xf = x.astype(jnp.float32).reshape(t, h, 2, d // 2)
-    out = xf * cos + xf[:, :, ::-1, :] * (sign * sin)
+    sin = sign * sin
+    if rotated is not None:
+        period, count = rotated
+        rot = jax.lax.broadcasted_iota(jnp.int32, (1, h, 1, 1), 1) % period < count  # [1, H, 1, 1]
+        cos, sin = jnp.where(rot, cos, 1.0), jnp.where(rot, sin, 0.0)
+    out = xf * cos + xf[:, :, ::-1, :] * sin
     return out.reshape(t, h, d).astype(x.dtype)

@@ -33,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxllm.layers.attention import paged_attention
+from jaxllm.layers.attention import paged_attention, paged_attention_qkv
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.layers.norm import RMSNorm
 from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_freq
@@ -108,6 +108,16 @@ class LlamaAttention(nn.Module):
         t = x.shape[0]
         group = qkv_group(a, self.tp_size)
         qkv = nn.Dense(group.width, use_bias=a.attention_bias, name="qkv_proj")(x)
+        kw = dict(sm_scale=a.head_dim**-0.5, backend=self.attn_backend, sliding_window=a.sliding_window)
+        if not a.qk_norm:
+            # q and k rotate in place inside the fused array, which attention reads as it is.
+            heads = qkv.reshape(t, -1, a.head_dim)  # [T, Hq + 2S, D], shard by shard
+            n = self.tp_size
+            period, count = heads.shape[1] // n, (a.num_heads + group.parts[1].slots(n)) // n
+            heads = apply_rotary(heads, md.positions, inv_freq, attention_factor, rotated=(period, count))
+            out, kv_cache = paged_attention_qkv(heads, kv_cache, md, num_q_heads=a.num_heads, **kw)
+            out = nn.Dense(a.hidden_size, use_bias=a.o_proj_bias, name="o_proj")(out.reshape(t, -1))
+            return out, kv_cache
         q, k, v = split_columns(group, qkv)
         q = q.reshape(t, a.num_heads, a.head_dim)
         k = k.reshape(t, -1, a.head_dim)  # [T, S, D]
@@ -117,10 +127,7 @@ class LlamaAttention(nn.Module):
             k = RMSNorm(a.head_dim, a.rms_norm_eps, name="k_norm")(k)
         q = apply_rotary(q, md.positions, inv_freq, attention_factor)
         k = apply_rotary(k, md.positions, inv_freq, attention_factor)
-        out, kv_cache = paged_attention(
-            q, k, v, kv_cache, md,
-            sm_scale=a.head_dim**-0.5, backend=self.attn_backend, sliding_window=a.sliding_window,
-        )  # fmt: skip
+        out, kv_cache = paged_attention(q, k, v, kv_cache, md, **kw)
         out = nn.Dense(a.hidden_size, use_bias=a.o_proj_bias, name="o_proj")(out.reshape(t, -1))
         return out, kv_cache
 

@@ -54,3 +54,20 @@ def test_write_without_and_with_padding(t, interpret):
     rk, rv = ref_write_kv_cache(k, v, kp, vp, slots)
     ok, ov = write_kv_cache_pallas(k, v, jnp.array(kp), jnp.array(vp), slots, interpret=interpret)
     assert bool((ok == rk).all()) and bool((ov == rv).all())
+
+
+@pytest.mark.parametrize("t", [8, 37])
+def test_write_from_a_fused_qkv_array(t, interpret):
+    """k and v read in place from one [T, Hq + 2 Hkv, D] array (k_head, v_head): the same cache as writing
+    the cut-out k and v."""
+    hq, hkv = 6, 2
+    k, v, kp, vp, slots = _problem(t, hkv, 5, 16, 64, jnp.bfloat16, seed=3)
+    q = jnp.asarray(np.random.default_rng(4).standard_normal((t, hq, 64)), jnp.bfloat16)
+    qkv = jnp.concatenate([q, k, v], axis=1)
+    rk, rv = ref_write_kv_cache(k, v, kp, vp, slots)
+    ok, ov = write_kv_cache_pallas(
+        qkv, qkv, jnp.array(kp), jnp.array(vp), slots, k_head=hq, v_head=hq + hkv, interpret=interpret
+    )
+    assert bool((ok == rk).all()) and bool((ov == rv).all())
+    with pytest.raises(ValueError, match="holding the 2 cache heads from head 9"):
+        write_kv_cache_pallas(qkv, qkv, kp, vp, slots, k_head=9, v_head=8, interpret=interpret)

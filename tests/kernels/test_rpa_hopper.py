@@ -201,3 +201,33 @@ def test_rejects_min_q_len_below_two():
     prob = make_problem([1, 40], [5, 40], hq=2, hkv=1, d=64, page_size=16, dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match="mosaic_min_q_len"):
         ragged_paged_attention_hopper(*prob.args(), sm_scale=0.125, mosaic_min_q_len=1, interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "q_lens, kv_lens",
+    [
+        ([1], [640]),
+        ([1] * 64, [640, 17, 2048, 33] * 16),
+        ([1, 1, 512, 1, 300, 40], [700, 2000, 512, 65, 1000, 40]),
+    ],
+    ids=["b1", "b64", "mixed"],
+)
+@pytest.mark.parametrize("kernel", ["triton", "hopper"])
+def test_fused_qkv_input_on_gpu(on_gpu, q_lens, kv_lens, kernel):
+    """q_heads: the queries read out of a fused [T, Hq + 2 Hkv, D] array (in place, through the grouped
+    view, where the layout allows) give the reference's output, as q on its own does. Llama-3.1-8B heads."""
+    if not on_gpu:
+        pytest.skip("needs --gpu")
+    from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention
+
+    prob = make_problem(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16, dtype=jnp.bfloat16)
+    t = prob.q.shape[0]
+    kv = jnp.asarray(np.random.default_rng(5).standard_normal((t, 16, 128)), jnp.bfloat16)
+    qkv = jnp.concatenate([prob.q, kv], axis=1)  # k and v heads follow; the kernels must not read them
+    fn = ragged_paged_attention_hopper if kernel == "hopper" else ragged_paged_attention
+    args = prob.args()[1:]
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=128**-0.5)
+    out = fn(qkv, *args, sm_scale=128**-0.5, q_heads=32)
+    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(fn(prob.q, *args, sm_scale=128**-0.5)))

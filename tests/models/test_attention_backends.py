@@ -90,3 +90,31 @@ def test_auto_takes_the_hopper_kernels_only_on_sm90(cc, hopper):
         compute_capability = cc
 
     assert is_hopper(Device()) is hopper
+
+
+@pytest.mark.parametrize("backend", ["pallas", "pallas-hopper"])
+def test_fused_qkv_reads_in_place_like_separate_heads(monkeypatch, backend):
+    """paged_attention_qkv on the GPU kernels (interpret mode here), which read q, k and v straight out of
+    the fused [T, Hq + 2 Hkv, D] array: the same output and cache as the reference given them apart."""
+    import functools
+
+    from jaxllm.layers.attention import paged_attention_qkv
+
+    interp = functools.partial
+    monkeypatch.setattr(gpu_ops, "write_kv_cache", interp(gpu_ops.write_kv_cache_pallas, interpret=True))
+    monkeypatch.setattr(
+        gpu_ops, "ragged_paged_attention", interp(gpu_ops.ragged_paged_attention, interpret=True)
+    )
+    monkeypatch.setattr(
+        gpu_ops, "ragged_paged_attention_hopper", interp(gpu_ops.ragged_paged_attention, interpret=True)
+    )
+    q, k, v, cache, md = _layer_inputs()
+    qkv = jnp.concatenate([q, k, v], axis=1)
+    ref_out, (rkp, rvp) = paged_attention(q, k, v, cache, md, sm_scale=0.125, backend="reference")
+    out, (kp, vp) = paged_attention_qkv(
+        qkv, (jnp.array(cache[0]), jnp.array(cache[1])), md, num_q_heads=q.shape[1], sm_scale=0.125,
+        backend=backend,
+    )  # fmt: skip
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(kp), np.asarray(rkp))
+    np.testing.assert_array_equal(np.asarray(vp), np.asarray(rvp))

@@ -66,13 +66,13 @@ def test_same_program_and_same_bits(config):
 @pytest.mark.parametrize("once, expected", [(True, 1), (False, None)])
 def test_layer_code_is_traced_once_per_shape(monkeypatch, once, expected):
     calls = []
-    real = llama.paged_attention
+    real = llama.paged_attention_qkv
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(llama, "paged_attention", counting)
+    monkeypatch.setattr(llama, "paged_attention_qkv", counting)
     jax.clear_caches()
     module, params, args = _model_and_params(get_preset("tiny-llama"), once)
     calls.clear()  # init runs every layer as itself
