@@ -36,7 +36,10 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, f"dtype={self.dtype!r} must be one of {DTYPES}")
-        _check(self.load_format in LOAD_FORMATS, f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}")
+        _check(
+            self.load_format in LOAD_FORMATS,
+            f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}",
+        )
         _check(
             self.quantization in QUANTIZATIONS,
             f"quantization={self.quantization!r} is not supported; supported: {QUANTIZATIONS}",
@@ -57,7 +60,10 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        _check(self.block_size in (8, 16, 32, 64, 128), f"block_size={self.block_size} must be one of 8, 16, 32, 64, 128")
+        _check(
+            self.block_size in (8, 16, 32, 64, 128),
+            f"block_size={self.block_size} must be one of 8, 16, 32, 64, 128",
+        )
         _check(
             0.0 < self.gpu_memory_utilization <= 1.0,
             f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]",
@@ -107,7 +113,9 @@ class ParallelConfig:
     process_id: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.tensor_parallel_size >= 1, f"tensor_parallel_size={self.tensor_parallel_size} must be >= 1")
+        _check(
+            self.tensor_parallel_size >= 1, f"tensor_parallel_size={self.tensor_parallel_size} must be >= 1"
+        )
         _check(self.num_processes >= 1, f"num_processes={self.num_processes} must be >= 1")
         _check(
             0 <= self.process_id < self.num_processes,
@@ -126,6 +134,10 @@ class RunnerConfig:
     # persistent cache.
     compile_ahead: bool | None = None
     compilation_cache_dir: str | None = None  # None: ~/.cache/jaxllm/xla ; "" disables
+    # Keep compiled step executables under the compilation cache and load them at the next start without
+    # tracing (runner/executable_cache.py). None: on for the API server, off for LLM(...) (whose users may
+    # patch the forward pass at run time, which the cache's key does not see).
+    executable_cache: bool | None = None
 
     def __post_init__(self) -> None:
         _check(

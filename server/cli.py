@@ -87,6 +87,14 @@ def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -
     p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES)
     p.add_argument("--compilation-cache-dir", default=None)
     p.add_argument(
+        "--executable-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the compiled step executables under the compilation cache and load them at the next "
+        "start without tracing (the key holds the engine's source, versions, device and shapes); on by "
+        "default for the server on a GPU",
+    )
+    p.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -151,7 +159,11 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         cache["enable_prefix_caching"] = args.enable_prefix_caching
     if args.num_gpu_blocks_override is not None:
         cache["num_gpu_blocks_override"] = args.num_gpu_blocks_override
-    runner: dict = {"attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager}
+    runner: dict = {
+        "attention_backend": args.attention_backend,
+        "enforce_eager": args.enforce_eager,
+        "executable_cache": args.executable_cache,
+    }
     if args.compilation_cache_dir is not None:
         runner["compilation_cache_dir"] = args.compilation_cache_dir
     if args.max_request_body_bytes < 1:

@@ -30,6 +30,8 @@ from jaxllm.loader import load_model
 from jaxllm.outputs import RequestMetrics, RequestOutput
 from jaxllm.parallel import agree_on_min, initialize_distributed, plan_tensor_parallel
 from jaxllm.request import Request, RequestStatus
+from jaxllm.runner import executable_cache
+from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats
@@ -105,6 +107,11 @@ class LLMEngine:
         param_dtype = jax.tree.leaves(self.loaded.params)[0].dtype
         kv_dtype = param_dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
 
+        keep = config.runner.executable_cache
+        keep = (usage == "server" if keep is None else keep) and executable_cache.supported()
+        executables = ExecutableCache(
+            os.path.join(self.cache_dir, "executables") if keep and self.cache_dir else None
+        )
         self.runner = ModelRunner(
             self.loaded.module,
             self.loaded.params,
@@ -120,6 +127,7 @@ class LLMEngine:
             bucket_pages=backend == "reference",
             bucket_growth=4 if on_host else 2,
             kv_sharding=self.tp.kv_sharding,
+            executable_cache=executables,
         )
         with self.tp.context():
             num_blocks, why = self.runner.determine_num_blocks(
@@ -155,6 +163,7 @@ class LLMEngine:
             "compiled_variants": self.runner.num_compiled(),
             "startup_time_s": round(time.perf_counter() - t_start, 2),
             "compilation_cache": self.cache_dir,
+            "executables_loaded": executables.hits,
         }
         logger.info(
             "model %s (%s, attention %s) loaded in %.2f s",
@@ -170,11 +179,14 @@ class LLMEngine:
             "maximum concurrency for %d tokens per request: %.2fx", max_model_len, self.max_concurrency
         )
         logger.info(
-            "compiled %d step variants in %.1f s, %d more compiling in the background (cache: %s)",
+            "compiled %d step variants in %.1f s, %d more compiling in the background (cache: %s%s)",
             self.runner.num_compiled(),
             self.compile_time_s,
             self.runner.num_compiling_in_background(),
             self.cache_dir,
+            f"; executables: {executables.hits} loaded, {executables.misses} compiled"
+            if executables.directory
+            else "",
         )
 
         self.output_processor = OutputProcessor(self.tokenizer)

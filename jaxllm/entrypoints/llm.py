@@ -45,6 +45,7 @@ class LLM:
         attention_backend: str = "auto",
         checkpoint_dir: str | None = None,
         compilation_cache_dir: str | None = None,
+        executable_cache: bool = False,
         scheduling_policy: str = "fcfs",
         async_scheduling: bool = True,
     ):
@@ -100,6 +101,7 @@ class LLM:
                 enforce_eager=enforce_eager,
                 compile_ahead=compile_ahead,
                 compilation_cache_dir=compilation_cache_dir,
+                executable_cache=executable_cache,
             ),
         )
         self.llm_engine = LLMEngine(config, user_set=frozenset(user_set))

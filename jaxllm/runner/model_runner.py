@@ -34,6 +34,7 @@ import numpy as np
 from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.runner import kv_cache as kvc
 from jaxllm.runner.buckets import BucketPlan
+from jaxllm.runner.executable_cache import ExecutableCache, describe_args
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, packed_size, unpack
 from jaxllm.runner.sampler import SamplerFlags, compute_prompt_logprobs, sample
 from jaxllm.runner.sampling_metadata import SamplingRow, build_sampling_metadata
@@ -90,8 +91,11 @@ class ModelRunner:
         bucket_pages: bool,
         bucket_growth: int = 2,
         kv_sharding=None,
+        executable_cache: ExecutableCache | None = None,
     ):
         self.module = module
+        # Executables kept on disk across starts (executable_cache.py); a disabled one compiles every time.
+        self.executables = executable_cache or ExecutableCache(None)
         self.params = params
         self.vocab_size = vocab_size
         self.block_size = block_size
@@ -169,8 +173,7 @@ class ModelRunner:
         packed = sds((packed_size(*shape),), jnp.int32)
         prev = sds((self.ids_width,), jnp.int32)
         params = jax.tree.map(lambda x: sds(x.shape, x.dtype), self.params)
-        step = self._step_jit(shape)
-        compiled = step.lower(params, kv, packed, prev, shape=shape, all_logits=False).compile()
+        compiled = self._compile_model_step(shape, (params, kv, packed, prev))
         model_temp = _memory(compiled, "temp_size_in_bytes")
         # The sampler runs after the forward's temporaries are freed; its widest variant (penalty history,
         # the V-wide sort, logprobs) over the largest bucket's rows can need more (S=1024: several GiB).
@@ -223,11 +226,7 @@ class ModelRunner:
 
         def model(shape):
             packed = sds((packed_size(*shape),), jnp.int32)
-            return (
-                self._step_jit(shape)
-                .lower(self.params, self.kv_caches, packed, prev, shape=shape, all_logits=False)
-                .compile()
-            )
+            return self._compile_model_step(shape, (self.params, self.kv_caches, packed, prev))
 
         later = {}  # (S, flags) -> the logits the variant takes, compiled after ready
         with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
@@ -247,15 +246,30 @@ class ModelRunner:
             # The later variants are traced here, before ready, while the pool compiles the common ones:
             # tracing holds the GIL, and on background threads it took it from the first steps (a 4 ms loop
             # beside 4 threads on the development CPU: p99 24 ms, 9 ms when they only compile). XLA's
-            # compilation, left to the background, does not hold it.
-            lowered = {key: self._lower_sampler(logits, key[1]) for key, logits in later.items()}
+            # compilation, left to the background, does not hold it; nor does loading a stored executable,
+            # so variants the executable cache holds are not traced at all.
+            todo = {}
+            for key, logits in later.items():
+                desc = self._sampler_description(logits, key[1])
+                if self.executables.contains(desc):
+                    lower = functools.partial(self._lower_sampler, logits, key[1])  # only if it fails to load
+                    todo[key] = functools.partial(
+                        self.executables.get_or_compile, desc, lambda f=lower: f().compile()
+                    )
+                else:
+                    lowered = self._lower_sampler(logits, key[1])
+                    todo[key] = functools.partial(
+                        self.executables.get_or_compile, desc,
+                        functools.partial(self._compile_lowered, lowered, key[1]),
+                    )  # fmt: skip
             self._ahead_model = {shape: f.result() for shape, f in models.items()}
             self._ahead_sample = {key: f.result() for key, f in samplers.items()}
-        self._compile_in_background(lowered, max(1, min(4, workers // 2)))
+        self._compile_in_background(todo, max(1, min(4, workers // 2)))
 
     def _compile_in_background(self, todo: dict, workers: int) -> None:
-        """Compile the sampler variants `todo` ((S, flags) -> jax Lowered) on background threads. Each goes
-        into _ahead_sample when done; _sample_step waits on one still compiling. At interpreter exit the
+        """Compile the sampler variants `todo` ((S, flags) -> a call that returns the executable: compiles
+        a traced variant or loads a stored one) on background threads. Each goes into _ahead_sample when
+        done; _sample_step waits on one still compiling. At interpreter exit the
         queued variants are cancelled and the workers finish only the one in hand (a short script does
         not wait for them: concurrent.futures alone would run the whole queue before exiting)."""
         if not todo:
@@ -279,8 +293,8 @@ class ModelRunner:
                     len(todo), time.perf_counter() - t0,
                 )  # fmt: skip
 
-        for key, lowered in todo.items():
-            fut = self._background.submit(self._compile_lowered, lowered, key[1])
+        for key, build in todo.items():
+            fut = self._background.submit(build)
             self._pending_sample[key] = fut
             fut.add_done_callback(lambda f, key=key: done(key, f))
         self._background.shutdown(wait=False)  # takes no more work; the queued variants still compile
@@ -291,9 +305,27 @@ class ModelRunner:
             if not fut.cancelled():
                 fut.exception()  # waits; a failure is left to jit at first use
 
+    def _compile_model_step(self, shape, args):
+        """The model step of bucket `shape` for these (abstract) arguments, compiled or loaded from the
+        executable cache."""
+        tier = step_tier(shape[0])
+        desc = (
+            f"model_step shape={shape} all_logits=False tier={tier} options={tier_options(tier)} "
+            f"module={self.module!r} args={describe_args(args)}"
+        )
+        compile_fn = lambda: self._step_jit(shape).lower(*args, shape=shape, all_logits=False).compile()  # noqa: E731
+        return self.executables.get_or_compile(desc, compile_fn)
+
+    def _sampler_description(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags) -> str:
+        smd = self._empty_sampling_metadata(logits.shape[0], flags)
+        return f"sampler flags={flags} ids_width={self.ids_width} args={describe_args((logits, smd))}"
+
     def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
-        """The sampler variant `flags` for logits of this shape, compiled ahead."""
-        return self._compile_lowered(self._lower_sampler(logits, flags), flags)
+        """The sampler variant `flags` for logits of this shape, compiled ahead (or loaded)."""
+        return self.executables.get_or_compile(
+            self._sampler_description(logits, flags),
+            lambda: self._compile_lowered(self._lower_sampler(logits, flags), flags),
+        )
 
     def _lower_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
         """The sampler variant `flags` traced and lowered for logits of this shape (Python: holds the GIL)."""

@@ -221,3 +221,10 @@ def test_server_never_imports_jax():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_executable_cache_flag():
+    """Unset, the engine decides (on for the server on a GPU); the flags force it either way."""
+    assert config(["my/model"]).runner.executable_cache is None
+    assert config(["my/model", "--executable-cache"]).runner.executable_cache is True
+    assert config(["my/model", "--no-executable-cache"]).runner.executable_cache is False
