@@ -251,11 +251,8 @@ class ModelRunner:
             todo = {}
             for key, logits in later.items():
                 desc = self._sampler_description(logits, key[1])
-                if self.executables.contains(desc):
-                    lower = functools.partial(self._lower_sampler, logits, key[1])  # only if it fails to load
-                    todo[key] = functools.partial(
-                        self.executables.get_or_compile, desc, lambda f=lower: f().compile()
-                    )
+                if self.executables.contains(desc):  # loaded (traced there only if the entry fails to load)
+                    todo[key] = functools.partial(self._compile_sampler, logits, key[1])
                 else:
                     lowered = self._lower_sampler(logits, key[1])
                     todo[key] = functools.partial(
