@@ -55,32 +55,20 @@ def paged_attention(
     mesh = current_tp_mesh()
     if mesh is None:
         return _local_paged_attention(q, k, v, kv_cache, md, **kw)
-    n, hkv, slots = mesh.shape[TP_AXIS], k.shape[1], kv_cache[0].shape[0]
-    # KV heads split with the query heads when N divides them; otherwise (N > Hkv, see
-    # jaxllm/parallel/sharding.py) k/v arrive whole and each device keeps the head its queries read.
-    replicated_kv = hkv % n != 0
-    assert slots == (n if replicated_kv else hkv), (n, hkv, slots)
-    kv_spec = P() if replicated_kv else P(None, TP_AXIS, None)
-
-    def per_device(q, k, v, kv_cache, md):
-        if replicated_kv:
-            i = jax.lax.axis_index(TP_AXIS) // (n // hkv)
-            k = jax.lax.dynamic_slice_in_dim(k, i, 1, axis=1)
-            v = jax.lax.dynamic_slice_in_dim(v, i, 1, axis=1)
-        return _local_paged_attention(q, k, v, kv_cache, md, **kw)
-
-    pages = (P(TP_AXIS, None, None, None), P(TP_AXIS, None, None, None))
+    n, hkv = mesh.shape[TP_AXIS], k.shape[1]
+    if hkv % n:
+        raise ValueError(
+            f"{hkv} KV heads do not split over {n} devices: with separate K/V projections every device needs "
+            "its own KV heads (models that have fewer KV heads than devices hold q|k|v fused, with one K/V "
+            "slot per device: models/fused_projections.py)"
+        )
+    heads = P(None, TP_AXIS, None)  # q [T, Hq/N, D], k and v [T, Hkv/N, D], out [T, Hq/N, D]
+    pages = (P(TP_AXIS, None, None, None), P(TP_AXIS, None, None, None))  # this device's cache heads
     return jax.shard_map(
-        per_device,
+        lambda q, k, v, c, m: _local_paged_attention(q, k, v, c, m, **kw),
         mesh=mesh,
-        in_specs=(
-            P(None, TP_AXIS, None),  # q [T, Hq/N, D]
-            kv_spec,  # k [T, Hkv/N, D] (or [T, Hkv, D] whole when N > Hkv)
-            kv_spec,  # v, as k
-            pages,  # ([Hkv/N or 1, P, PS, D],) * 2: this device's cache heads
-            P(),  # md: every device sees the whole batch
-        ),
-        out_specs=(P(None, TP_AXIS, None), pages),  # out [T, Hq/N, D], kv_cache as given
+        in_specs=(heads, heads, heads, pages, P()),  # md: every device sees the whole batch
+        out_specs=(heads, pages),
         check_vma=False,  # the GPU kernels carry no varying-axis annotations
     )(q, k, v, kv_cache, md)
 

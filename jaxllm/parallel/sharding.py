@@ -2,10 +2,9 @@
 
 Rules go by parameter path (see the tree in jaxllm/models/llama.py and opt.py):
   qkv_proj, gate_up_proj (fused, laid out shard by   column-parallel: out split          P(None, tp)
-    shard: models/fused_projections.py), q_proj, fc1
-    (kernel [in, out], bias [out])
-  k_proj, v_proj (OPT's separate ones)               column-parallel when N divides the KV heads, else
-                                                     replicated
+    shard: models/fused_projections.py), q_proj,
+    k_proj, v_proj (OPT's separate ones: N must divide
+    their heads), fc1 (kernel [in, out], bias [out])
   o_proj, down_proj, fc2 (kernel [in, out])          row-parallel: in split              P(tp, None)
   embed_tokens/embedding [V, E], lm_head/kernel      vocab-parallel (replicated, with a warning, when N
     [E, V]                                           does not divide V)
@@ -17,7 +16,8 @@ vocab-parallel logits; there is no hand-written communication.
 KV heads (vLLM's rule): N % Hkv == 0 or Hkv % N == 0. With N <= Hkv every device owns Hkv / N KV heads.
 With N > Hkv the cache gets N head slots, one per device; device r keeps KV head r // (N / Hkv), the one
 its query heads read (each KV head is stored N / Hkv times). The fused q|k|v weight holds those slots
-already (each device computes only its own K/V head); separate K/V projections stay replicated.
+already (each device computes only its own K/V head); separate K/V projections (OPT, multi-head) need N
+to divide their heads.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # models import layers, which import this package
 logger = logging.getLogger("jaxllm")
 
 _COLUMN = re.compile(r"(^|/)(qkv_proj|gate_up_proj|q_proj|gate_proj|up_proj|fc1)/(kernel|bias)$")
-_KV = re.compile(r"(^|/)(k_proj|v_proj)/(kernel|bias)$")
+_KV = re.compile(r"(^|/)(k_proj|v_proj)/(kernel|bias)$")  # separate K/V: column-parallel, N divides Hkv
 _ROW = re.compile(r"(^|/)(o_proj|down_proj|fc2)/kernel$")
 _VOCAB_ROWS = re.compile(r"(^|/)embed_tokens/embedding$")
 _VOCAB_COLS = re.compile(r"(^|/)lm_head/kernel$")
@@ -76,7 +76,10 @@ def param_partition_spec(path: str, ndim: int, shape: tuple[int, ...], arch: Mod
         return P(None, TP_AXIS) if ndim == 2 else P(TP_AXIS)
     if _KV.search(path):
         if arch.num_kv_heads % n:
-            return P()  # N > Hkv: every device computes all KV heads and keeps its own in the cache
+            raise ValueError(
+                f"{path}: {arch.num_kv_heads} KV heads do not split over tensor_parallel_size={n} "
+                "(separate K/V projections need N to divide them; fused q|k|v gets one K/V slot per device)"
+            )
         return P(None, TP_AXIS) if ndim == 2 else P(TP_AXIS)
     if _ROW.search(path):
         return P(TP_AXIS, None)

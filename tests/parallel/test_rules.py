@@ -39,8 +39,7 @@ def llama_arch(
         ("layers_0/attn/q_proj/kernel", (128, 128), 4, P(None, "tp")),
         ("layers_0/attn/q_proj/bias", (128,), 4, P("tp")),
         ("layers_0/attn/k_proj/kernel", (128, 32), 2, P(None, "tp")),  # 2 KV heads over 2
-        ("layers_0/attn/k_proj/kernel", (128, 32), 4, P()),  # 2 KV heads over 4: replicated
-        ("layers_0/attn/v_proj/bias", (32,), 8, P()),
+        ("layers_0/attn/v_proj/bias", (32,), 2, P("tp")),
         ("layers_0/attn/o_proj/kernel", (128, 128), 4, P("tp", None)),
         ("layers_0/attn/o_proj/bias", (128,), 4, P()),
         ("layers_0/mlp/gate_proj/kernel", (128, 128), 8, P(None, "tp")),
@@ -63,6 +62,13 @@ def llama_arch(
 )
 def test_partition_rules(path, shape, n, want):
     assert param_partition_spec(path, len(shape), shape, llama_arch(), n) == want
+
+
+def test_separate_kv_projections_need_n_to_divide_their_heads():
+    """Fewer KV heads than devices works only fused (one K/V slot per device); separate K/V projections
+    are refused by name, not replicated."""
+    with pytest.raises(ValueError, match="layers_0/attn/k_proj/kernel: 2 KV heads do not split over"):
+        param_partition_spec("layers_0/attn/k_proj/kernel", 2, (128, 32), llama_arch(kv_heads=2), 4)
 
 
 def test_kv_cache_heads():
