@@ -15,6 +15,12 @@ This cache sits in front of it. An entry's key is the SHA-256 of:
 A hit deserializes the executable (jax.experimental.serialize_executable); a miss compiles as before and
 stores the result. An entry that fails to load counts as a miss and is rewritten.
 
+Entries live in one folder per environment (`<directory>/<environment digest>/`). Every edit or upgrade
+starts a new one, and an entry is megabytes (the program and its kernels' binaries), so the first store of
+a process removes the folders of other environments untouched for STALE_AFTER_S (an hour: not those of a
+server of another version starting beside this one; one that is running has its executables loaded
+already and only compiles again at its next start).
+
 Code changed at run time (a function patched in a notebook) is not in the key: the engine turns this
 cache on for the API server, and LLM(...) only when asked (executable_cache=True).
 
@@ -30,7 +36,9 @@ import hashlib
 import logging
 import os
 import pickle
+import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +48,7 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 logger = logging.getLogger("jaxllm")
 
 _SOURCE_PACKAGES = ("jaxllm", "pallas_kernels")
+STALE_AFTER_S = 3600.0  # another environment's folder untouched this long is removed (module docstring)
 
 
 def supported() -> bool:
@@ -88,10 +97,13 @@ class ExecutableCache:
     """Executables under `directory` (None: a cache that never hits and stores nothing)."""
 
     def __init__(self, directory: str | os.PathLike | None):
-        self.directory = Path(directory) if directory else None
+        self.root = Path(directory) if directory else None
         self.hits = 0
         self.misses = 0
-        self._env = environment_digest() if self.directory else ""
+        self._env = environment_digest() if self.root else ""
+        # This environment's entries (None: disabled).
+        self.directory = self.root / self._env[:32] if self.root else None
+        self._swept = False
 
     def key(self, description: str) -> str:
         return hashlib.sha256(f"{self._env}\n{description}".encode()).hexdigest()
@@ -126,7 +138,23 @@ class ExecutableCache:
             logger.warning("executable cache: %s did not load; compiling instead", path.name, exc_info=True)
             return None
 
+    def remove_stale(self) -> list[str]:
+        """Remove the folders of other environments untouched for STALE_AFTER_S; their names."""
+        if self.root is None or not self.root.is_dir():
+            return []
+        removed, now = [], time.time()
+        for d in self.root.iterdir():
+            if d.is_dir() and d != self.directory and now - d.stat().st_mtime > STALE_AFTER_S:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d.name)
+        if removed:
+            logger.info("executable cache: removed %d folders of other source or versions", len(removed))
+        return removed
+
     def _store(self, path: Path, exe) -> None:
+        if not self._swept:
+            self._swept = True
+            self.remove_stale()
         try:
             data = pickle.dumps(serialize(exe))
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,7 @@ def test_damaged_entry_is_compiled_again_and_replaced(tmp_path, caplog):
 
     cache = ec.ExecutableCache(tmp_path)
     np.testing.assert_array_equal(cache.get_or_compile("sq", compile_fn)(x), _square_sum(x))
-    (entry,) = list(tmp_path.glob("*.exe"))
+    (entry,) = list(tmp_path.rglob("*.exe"))
     assert cache.contains("sq") and not cache.contains("other")
     entry.write_bytes(b"not an executable")
     with caplog.at_level(logging.WARNING, logger="jaxllm"):
@@ -99,7 +99,7 @@ def test_damaged_entry_is_compiled_again_and_replaced(tmp_path, caplog):
     again = ec.ExecutableCache(tmp_path)
     np.testing.assert_array_equal(again.get_or_compile("sq", compile_fn)(x), _square_sum(x))
     assert (again.hits, len(compiles)) == (1, 2)  # the replaced entry loads
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.rglob("*.tmp"))
 
 
 def test_engine_keeps_executables_only_where_supported(tiny_llama_dir, tmp_path):
@@ -108,6 +108,25 @@ def test_engine_keeps_executables_only_where_supported(tiny_llama_dir, tmp_path)
     llm = _llm(tiny_llama_dir, str(tmp_path / "xla"))
     assert llm.llm_engine.runner.executables.directory is None
     assert not (tmp_path / "xla" / "executables").exists()
+
+
+def test_other_environments_folders_are_removed_once_stale(tmp_path):
+    """The first store removes other environments' folders untouched for an hour, not fresh ones (a
+    server of another version starting beside this one) and not its own."""
+    import os
+    import time
+
+    old, fresh = tmp_path / "old-source", tmp_path / "other-version-starting"
+    for d in (old, fresh):
+        d.mkdir()
+        (d / "x.exe").write_bytes(b"entry")
+    hour_ago = time.time() - ec.STALE_AFTER_S - 60
+    os.utime(old, (hour_ago, hour_ago))
+    x = jnp.ones((2, 3))
+    cache = ec.ExecutableCache(tmp_path)
+    cache.get_or_compile("sq", lambda: jax.jit(_square_sum).lower(x).compile())
+    assert not old.exists() and fresh.exists() and cache.contains("sq")
+    assert cache.directory.parent == tmp_path and len(list(cache.directory.glob("*.exe"))) == 1
 
 
 def test_disabled_cache_compiles_every_time(tmp_path):
