@@ -106,6 +106,7 @@ def test_engine_keeps_executables_only_where_supported(tiny_llama_dir, tmp_path)
     """On the CPU the engine keeps none, even when asked."""
     assert not ec.supported()
     llm = _llm(tiny_llama_dir, str(tmp_path / "xla"))
+    llm.llm_engine.runner.wait_for_background_compiles()  # no compile threads left for later tests
     assert llm.llm_engine.runner.executables.directory is None
     assert not (tmp_path / "xla" / "executables").exists()
 
