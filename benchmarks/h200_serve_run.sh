@@ -17,6 +17,7 @@
 # run.log; a markdown table last. Every phase ends by a deadline inside BUDGET_S seconds: a level still
 # running at the sweep deadline is cut (marked "cut"), later ones are skipped. The random-weight preset has
 # no tokenizer; a word-level one of its vocabulary is written for the server (--synthetic-tokenizer).
+# SERVER_FLAGS adds server flags (e.g. "--gil-switch-interval-ms 5" with TAG=llama8b-switch5 for an A/B).
 # GPU_UTIL_INTERVAL sets serve.py's nvidia-smi poll period for the sweep (0: off; it costs ~2% at c=1).
 # The same path on a CPU, small:
 #   PYTHON=.venv/bin/python JAX_PLATFORMS=cpu MODEL=tiny-llama INPUT_LEN=32 OUTPUT_LEN=16 LEVELS=1,4 \
@@ -44,7 +45,7 @@ WARM_TARGET="${WARM_TARGET_S:-30}"
 SERVER="$PY -m server.cli serve $MODEL --load-format dummy --dtype ${DTYPE:-bfloat16}"
 SERVER+=" --max-model-len ${MAX_MODEL_LEN:-1024}${MAX_SEQS:+ --max-num-seqs $MAX_SEQS}"
 SERVER+="${MAX_TOKENS:+ --max-num-batched-tokens $MAX_TOKENS} --tokenizer $TOK --uvicorn-log-level warning"
-SERVER+="${NUM_GPU_BLOCKS:+ --num-gpu-blocks-override $NUM_GPU_BLOCKS}"
+SERVER+="${NUM_GPU_BLOCKS:+ --num-gpu-blocks-override $NUM_GPU_BLOCKS}${SERVER_FLAGS:+ $SERVER_FLAGS}"
 
 elapsed() { echo "$(($(date +%s) - T0)) s"; }
 cache_files() { find "$CACHE" -type f 2>/dev/null | wc -l; }

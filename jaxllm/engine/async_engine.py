@@ -1,19 +1,24 @@
-"""AsyncLLMEngine: one background task drives `LLMEngine.step()`; each request streams its outputs.
+"""AsyncLLMEngine: a thread of its own drives `LLMEngine.step()` back to back; each request streams its outputs.
 
-    generate() -- validate (raises ValueError at once) --> pending queue --> [loop] enqueue between steps
-    [loop] step() in a worker thread --> RequestOutputs --> per-request asyncio.Queue --> the caller's stream
-    (the next step() is already running in the worker while the streams handle these outputs)
+    generate() -- validate (raises ValueError at once) --> pending adds --> [engine thread] enqueue between steps
+    [engine thread] step() --> RequestOutputs --> call_soon_threadsafe --> per-request asyncio.Queue --> stream
 
-The engine itself is touched only by the loop (adds and aborts are applied between steps), so the device
-step can run in a thread while the event loop keeps serving. A stream that is closed before its request
-finishes (a client disconnect) aborts the request and frees its blocks.
+The engine thread never waits for the event loop: it applies adds and aborts between steps, steps, hands
+the outputs to the loop and steps again. The loop's work for those outputs (SSE chunks, JSON, sockets)
+then runs beside the next steps instead of between them (on the H200 at 32 streams the old design, where
+the loop started each step, left the step thread waiting for the loop about 1.9 ms per step). The two
+threads still share the GIL: with Python's 5 ms switch interval the HTTP work delays the step thread just
+as much, so the server sets a short one (`--gil-switch-interval-ms`, server/cli.py, with the measurements).
+The engine is touched only by the engine thread (`prepare_request`, which validates and tokenizes, is the
+exception: it reads no state a step changes). A stream that is closed before its request finishes (a
+client disconnect) aborts the request and frees its blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
+import threading
 from collections.abc import AsyncIterator
 
 from jaxllm.config import EngineConfig
@@ -35,15 +40,15 @@ class AsyncLLMEngine:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.loaded.arch.vocab_size
         self.startup_info = dict(engine.startup_info, served_model_name=self.model_name)
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, asyncio.Queue] = {}  # the event loop's; the engine thread only reads it
+        self._lock = threading.Lock()  # guards the two pending lists
         self._pending_adds: list = []
         self._pending_aborts: list[str] = []
-        self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._work = threading.Event()  # set when there is something for an idle engine thread
+        self._halt = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="jaxllm-step"
-        )
         self.iteration_tokens: list[int] = []  # tokens per step since the last read (for metrics)
         self.errored: BaseException | None = None
 
@@ -55,32 +60,31 @@ class AsyncLLMEngine:
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
-        if self._task is None:
-            self._wakeup = asyncio.Event()
-            self._task = asyncio.create_task(self._run(), name="jaxllm-engine-loop")
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._halt = False
+            self._thread = threading.Thread(target=self._run, name="jaxllm-engine", daemon=True)
+            self._thread.start()
 
     async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        """Stop taking requests, let running ones finish (up to the timeout), then stop the loop."""
+        """Stop taking requests, let running ones finish (up to the timeout), then stop the thread."""
         self._stopping = True
-        if self._task is None:
+        if self._thread is None:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_timeout_s
-        while self._queues and loop.time() < deadline:
+        while self._queues and loop.time() < deadline and self._thread.is_alive():
             await asyncio.sleep(0.05)
         for rid in list(self._queues):
             await self.abort(rid)
-        self._task.cancel()
-        try:
-            await self._task
-        except (asyncio.CancelledError, Exception):
-            pass
-        self._task = None
-        self._executor.shutdown(wait=True)
+        self._halt = True
+        self._work.set()
+        thread, self._thread = self._thread, None
+        await loop.run_in_executor(None, thread.join)
 
     @property
     def is_running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._thread is not None and self._thread.is_alive()
 
     # ---- requests ------------------------------------------------------------------------------------
     def generate(
@@ -95,9 +99,9 @@ class AsyncLLMEngine:
         parent = self.engine.prepare_request(request_id, prompt, sampling_params, priority=priority)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
-        self._pending_adds.append(parent)
-        if self._wakeup is not None:
-            self._wakeup.set()
+        with self._lock:
+            self._pending_adds.append(parent)
+        self._work.set()
         return self._stream(request_id, q)
 
     async def _stream(self, request_id: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
@@ -117,60 +121,50 @@ class AsyncLLMEngine:
 
     async def abort(self, request_id: str) -> None:
         if self._queues.pop(request_id, None) is not None:
-            self._pending_aborts.append(request_id)
-            if self._wakeup is not None:
-                self._wakeup.set()
+            with self._lock:
+                self._pending_aborts.append(request_id)
+            self._work.set()
 
     def get_stats(self) -> EngineStats:
         return self.engine.get_stats()
 
-    # ---- the loop ------------------------------------------------------------------------------------
+    # ---- the engine thread ---------------------------------------------------------------------------
     def _apply_pending(self) -> None:
-        adds, self._pending_adds = self._pending_adds, []
+        with self._lock:
+            adds, self._pending_adds = self._pending_adds, []
+            aborts, self._pending_aborts = self._pending_aborts, []
         for parent in adds:
-            if parent.request_id in self._queues:
+            if parent.request_id in self._queues:  # not closed by its client meanwhile
                 self.engine.enqueue(parent)
-        aborts, self._pending_aborts = self._pending_aborts, []
         if aborts:
             self.engine.abort_request(aborts)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _run(self) -> None:
         try:
-            while True:
+            while not self._halt:
+                self._work.clear()  # before reading the pending lists: a later set() is not missed
                 self._apply_pending()
                 if not self.engine.has_unfinished_requests():
-                    self._wakeup.clear()
-                    if self._pending_adds or self._pending_aborts:
-                        continue
-                    await self._wakeup.wait()
+                    self._work.wait()
                     continue
-                step = loop.run_in_executor(self._executor, self.engine.step)
-                while step is not None:
-                    outputs = await step
-                    self.iteration_tokens.append(self.engine.last_step_tokens)
-                    if len(self.iteration_tokens) > 10_000:  # nobody is reading: keep the newest
-                        del self.iteration_tokens[:5_000]
-                    # The next step starts before the streams see this one's outputs: their work (SSE
-                    # chunks, JSON) then overlaps the step's device time instead of delaying its start.
-                    self._apply_pending()
-                    step = (
-                        loop.run_in_executor(self._executor, self.engine.step)
-                        if self.engine.has_unfinished_requests()
-                        else None
-                    )
-                    self._deliver(outputs)
-                    if step is None:
-                        await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
+                outputs = self.engine.step()
+                self.iteration_tokens.append(self.engine.last_step_tokens)
+                if len(self.iteration_tokens) > 10_000:  # nobody is reading: keep the newest
+                    del self.iteration_tokens[:5_000]
+                if outputs:
+                    self._post(self._deliver, outputs)
         except BaseException as e:  # a failed step must not leave clients waiting forever
             logger.exception("engine loop failed")
             self.errored = e
-            for q in self._queues.values():
-                q.put_nowait(RuntimeError(f"engine failure: {e!r}"))
-            self._queues.clear()
+            self._post(self._fail_all, e)
 
+    def _post(self, fn, arg) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the event loop is closed: nobody is left to read
+            pass
+
+    # ---- the event loop's side -----------------------------------------------------------------------
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             q = self._queues.get(out.request_id)
@@ -178,3 +172,8 @@ class AsyncLLMEngine:
                 q.put_nowait(out)
                 if out.finished:
                     self._queues.pop(out.request_id, None)
+
+    def _fail_all(self, e: BaseException) -> None:
+        for q in self._queues.values():
+            q.put_nowait(RuntimeError(f"engine failure: {e!r}"))
+        self._queues.clear()

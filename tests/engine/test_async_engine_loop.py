@@ -1,13 +1,16 @@
-"""AsyncLLMEngine's loop: the next engine step is already running while the streams handle the last
-step's outputs, so their host work (SSE chunks, JSON) overlaps the step instead of delaying it. An engine
-stand-in records when each step starts; a stream that blocks its thread (as CPU-bound SSE work does)
-must still see the next step start. Outputs arrive complete and in order, and an abort stops a request."""
+"""AsyncLLMEngine's engine thread steps back to back without waiting for the event loop, so the streams'
+host work (SSE chunks, JSON) runs beside the next steps instead of between them. An engine stand-in
+records when each step starts; while a stream blocks the event loop's thread (as CPU-bound SSE work
+does), every later step must still start. Outputs arrive complete and in order, and an abort stops a
+request."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from types import SimpleNamespace
+
+import pytest
 
 from jaxllm.engine.async_engine import AsyncLLMEngine
 from jaxllm.sampling_params import SamplingParams
@@ -56,29 +59,48 @@ class StepRecordingEngine:
         return outs
 
 
-async def _collect(engine, rid, block_on_next_step=None):
+async def _collect(engine, rid, block_until_step=None):
     steps = []
     async for out in engine.generate([1, 2, 3], SamplingParams(max_tokens=4), rid):
-        if block_on_next_step is not None and not out.finished:
+        if block_until_step is not None and out.step == 0:
+            stand_in, last = block_until_step
             # A blocking wait on the event loop's thread: nothing else of the loop runs meanwhile.
-            assert block_on_next_step.entered[out.step + 1].wait(timeout=5), (
-                f"step {out.step + 1} not started"
-            )
+            assert stand_in.entered[last].wait(timeout=5), f"step {last} not started while the loop was busy"
         steps.append(out.step)
     return steps
 
 
-def test_next_step_runs_while_streams_handle_outputs():
+def test_steps_go_on_while_the_event_loop_is_busy():
     async def main():
         stand_in = StepRecordingEngine(length=4)
         engine = AsyncLLMEngine(stand_in)
         await engine.start()
         try:
-            return await _collect(engine, "r0", block_on_next_step=stand_in)
+            return await _collect(engine, "r0", block_until_step=(stand_in, 3))
         finally:
             await engine.shutdown(drain_timeout_s=1)
 
     assert asyncio.run(main()) == [0, 1, 2, 3]
+
+
+def test_a_failed_step_fails_every_stream_and_later_requests():
+    class FailingEngine(StepRecordingEngine):
+        def step(self):
+            raise RuntimeError("device lost")
+
+    async def main():
+        engine = AsyncLLMEngine(FailingEngine())
+        await engine.start()
+        try:
+            with pytest.raises(RuntimeError, match="engine failure: RuntimeError\\('device lost'\\)"):
+                await _collect(engine, "r0")
+            with pytest.raises(RuntimeError, match="the engine loop failed"):
+                engine.generate([1], SamplingParams(max_tokens=2), "r1")
+            assert not engine.is_running
+        finally:
+            await engine.shutdown(drain_timeout_s=1)
+
+    asyncio.run(main())
 
 
 def test_every_output_arrives_in_order_and_abort_stops_a_request():

@@ -119,6 +119,8 @@ def test_chat_template_file_or_inline(tmp_path):
         ["--dtype", "int3"],
         ["--port", "x"],
         ["--max-num-seqs", "0"],
+        ["--gil-switch-interval-ms", "0"],
+        ["--gil-switch-interval-ms", "-1"],
     ],
 )
 def test_bad_values_exit(argv, capsys):
@@ -159,7 +161,37 @@ def test_startup_lines():
         assert part in text
 
 
-def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog):
+@pytest.fixture
+def restore_switch_interval():
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_serve_sets_the_gil_switch_interval(monkeypatch, restore_switch_interval):
+    """The flag's value reaches sys.setswitchinterval before the engine starts its thread."""
+    from tests.server.mock_engine import MockAsyncEngine
+
+    seen = {}
+
+    class Engine(MockAsyncEngine):
+        @classmethod
+        def from_config(cls, config, *, user_set=frozenset()):
+            seen["interval"] = sys.getswitchinterval()
+            return super().from_config(config)
+
+    fake = types.ModuleType("jaxllm.engine.async_engine")
+    fake.AsyncLLMEngine = Engine
+    monkeypatch.setitem(sys.modules, "jaxllm.engine.async_engine", fake)
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    sys.setswitchinterval(0.005)
+    cli.main(["serve", "--gil-switch-interval-ms", "0.7"])
+    assert seen["interval"] == pytest.approx(0.0007)
+
+
+def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog, restore_switch_interval):
     """`jaxllm serve` end to end with the engine and uvicorn.run replaced (the real engine plugs in here)."""
     from tests.server.mock_engine import MockAsyncEngine
 
@@ -192,6 +224,7 @@ def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog):
             ]
         )
     assert seen["config"].model.max_model_len == 128 and seen["port"] == 9123
+    assert sys.getswitchinterval() == pytest.approx(cli.DEFAULT_GIL_SWITCH_INTERVAL_MS / 1000)
     assert seen["user_set"] == frozenset({"max_model_len"})
     state = seen["app"].state.server
     assert state.served_names == ["x"] and state.api_key == "k"
