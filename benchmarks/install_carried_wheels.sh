@@ -1,4 +1,5 @@
-# Sourced by the H200 server scripts: installs the wheels carried in .whl (starlette, uvicorn, and a
+# Sourced by the H200 server scripts: installs the wheels carried in .whl (starlette, uvicorn, uvloop -
+# a dependency of jaxllm's, so the server runs on the event loop users get - and a
 # transformers >= 5.18 with its huggingface_hub and tokenizers, which pyproject asks for) into /tmp/site
 # and puts it first on PYTHONPATH. The image's transformers 5.17 imports torch with the tokenizer class
 # (6 s of a server's start there); a user installing jaxllm gets the newer release. If the carried

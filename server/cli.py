@@ -237,6 +237,16 @@ def startup_lines(info: dict, max_model_len: int, url: str) -> list[str]:
     return lines
 
 
+def http_runtime_line(switch_interval_ms: float) -> str:
+    """What uvicorn's "auto" choices resolve to here (its C speedups when installed) and the GIL interval:
+    all of it moves the host's time per streamed token."""
+    import importlib.util
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    parser = "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+    return f"HTTP: event loop {loop}, parser {parser}, GIL switch interval {switch_interval_ms:g} ms"
+
+
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -271,6 +281,7 @@ def serve(args: argparse.Namespace) -> None:
         dict(engine.startup_info), engine.max_model_len, f"http://{shown_host}:{args.port}"
     ):
         logger.info(line)
+    logger.info(http_runtime_line(args.gil_switch_interval_ms))
     try:
         uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port, log_level=args.uvicorn_log_level)
     finally:

@@ -229,6 +229,20 @@ def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog, restore_switc
     state = seen["app"].state.server
     assert state.served_names == ["x"] and state.api_key == "k"
     assert "http://0.0.0.0:9123" in caplog.text and "Maximum concurrency" in caplog.text
+    assert "GIL switch interval 0.05 ms" in caplog.text
+
+
+def test_http_runtime_line_names_what_uvicorn_picks(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
+    )
+    line = cli.http_runtime_line(0.2)
+    assert "event loop asyncio" in line and "GIL switch interval 0.2 ms" in line
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert "event loop uvloop, parser httptools" in cli.http_runtime_line(5)
 
 
 def test_entry_points_help():
