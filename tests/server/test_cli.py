@@ -162,37 +162,10 @@ def test_startup_lines():
 
 
 @pytest.fixture
-def restore_switch_interval():
-    before = sys.getswitchinterval()
-    yield
-    sys.setswitchinterval(before)
-
-
-def test_serve_sets_the_gil_switch_interval(monkeypatch, restore_switch_interval):
-    """The flag's value reaches sys.setswitchinterval before the engine starts its thread."""
-    from tests.server.mock_engine import MockAsyncEngine
-
-    seen = {}
-
-    class Engine(MockAsyncEngine):
-        @classmethod
-        def from_config(cls, config, *, user_set=frozenset()):
-            seen["interval"] = sys.getswitchinterval()
-            return super().from_config(config)
-
-    fake = types.ModuleType("jaxllm.engine.async_engine")
-    fake.AsyncLLMEngine = Engine
-    monkeypatch.setitem(sys.modules, "jaxllm.engine.async_engine", fake)
-    import uvicorn
-
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
-    sys.setswitchinterval(0.005)
-    cli.main(["serve", "--gil-switch-interval-ms", "0.7"])
-    assert seen["interval"] == pytest.approx(0.0007)
-
-
-def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog, restore_switch_interval):
-    """`jaxllm serve` end to end with the engine and uvicorn.run replaced (the real engine plugs in here)."""
+def serve_with_stand_ins(monkeypatch):
+    """`jaxllm serve` with the engine and uvicorn.run replaced (the real engine plugs in here): what the
+    engine was built with, the GIL switch interval at that moment, and what uvicorn.run was given land in
+    the returned dict. The interpreter's switch interval is put back afterwards."""
     from tests.server.mock_engine import MockAsyncEngine
 
     seen = {}
@@ -201,6 +174,7 @@ def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog, restore_switc
         @classmethod
         def from_config(cls, config, *, user_set=frozenset()):
             seen["config"], seen["user_set"] = config, user_set
+            seen["interval"] = sys.getswitchinterval()
             return super().from_config(config)
 
     fake = types.ModuleType("jaxllm.engine.async_engine")
@@ -209,6 +183,21 @@ def test_serve_builds_engine_and_runs_uvicorn(monkeypatch, caplog, restore_switc
     import uvicorn
 
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    before = sys.getswitchinterval()
+    yield seen
+    sys.setswitchinterval(before)
+
+
+def test_serve_sets_the_gil_switch_interval(serve_with_stand_ins):
+    """The flag's value reaches sys.setswitchinterval before the engine starts its thread."""
+    sys.setswitchinterval(0.005)
+    cli.main(["serve", "--gil-switch-interval-ms", "0.7"])
+    assert serve_with_stand_ins["interval"] == pytest.approx(0.0007)
+
+
+def test_serve_builds_engine_and_runs_uvicorn(serve_with_stand_ins, caplog):
+    """`jaxllm serve` end to end with the engine and uvicorn.run replaced."""
+    seen = serve_with_stand_ins
     with caplog.at_level(logging.INFO, logger="jaxllm.server"):
         cli.main(
             [
