@@ -39,9 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.kernel_sweep import random_tiled  # noqa: E402
 from benchmarks.kernels import DT, HKV, HQ, PEAK_TBPS, PS, D, error_text, time_calls  # noqa: E402
-from pallas_kernels.decode_attention_mgpu import DecodeMgpuConfig, decode_paged_attention_mgpu  # noqa: E402
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention  # noqa: E402
-from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention  # noqa: E402
+from jaxllm.kernels.mosaic_decode import DecodeMgpuConfig, decode_paged_attention_mgpu  # noqa: E402
+from jaxllm.kernels.reference import ref_ragged_paged_attention  # noqa: E402
+from jaxllm.kernels.triton_attention import ragged_paged_attention  # noqa: E402
 from tests.kernels.cases import make_problem, rel_err  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")

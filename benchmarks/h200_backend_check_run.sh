@@ -12,7 +12,7 @@ SECONDS=0
 left() { local l=$((DEADLINE_S - SECONDS)); [ "$l" -gt "$1" ] && echo "$1" || echo "$l"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 timeout "$(left 200)" python3 -m pytest -q -p no:cacheprovider --gpu -m "not full_grid" \
-  ${KERNEL_TESTS:-tests/kernels/test_rpa_hopper.py tests/kernels/test_rpa_mgpu.py tests/kernels/test_ragged_paged_attention.py} \
+  ${KERNEL_TESTS:-tests/kernels/test_hopper_dispatch.py tests/kernels/test_mosaic_prefill.py tests/kernels/test_triton_attention.py} \
   > "$OUT/kernel-tests.log" 2>&1
 echo "kernel tests rc=$? after ${SECONDS}s"; grep -v "^\.*\( *\[.*\]\)\?$\|Warning\|warn" "$OUT/kernel-tests.log" | tail -12
 timeout "$(left 150)" python3 benchmarks/gpu_engine_check.py "$OUT/engine-check.json" pallas pallas-hopper \

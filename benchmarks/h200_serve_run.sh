@@ -42,7 +42,7 @@ BUDGET="${BUDGET_S:-540}"             # the whole script
 WARM_RESERVE="${WARM_RESERVE_S:-200}" # kept for the restart, the Poisson run and the report
 read -r -a TARGETS <<<"${TARGETS:-c32:median_tpot_ms<=5.5 c32:median_ttft_ms<=60 c1:output_throughput>=250}"
 WARM_TARGET="${WARM_TARGET_S:-30}"
-SERVER="$PY -m server.cli serve $MODEL --load-format dummy --dtype ${DTYPE:-bfloat16}"
+SERVER="$PY -m jaxllm.server.cli serve $MODEL --load-format dummy --dtype ${DTYPE:-bfloat16}"
 SERVER+=" --max-model-len ${MAX_MODEL_LEN:-1024}${MAX_SEQS:+ --max-num-seqs $MAX_SEQS}"
 SERVER+="${MAX_TOKENS:+ --max-num-batched-tokens $MAX_TOKENS} --tokenizer $TOK --uvicorn-log-level warning"
 SERVER+="${NUM_GPU_BLOCKS:+ --num-gpu-blocks-override $NUM_GPU_BLOCKS}${SERVER_FLAGS:+ $SERVER_FLAGS}"

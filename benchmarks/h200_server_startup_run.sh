@@ -11,7 +11,7 @@ install_carried_wheels || exit 1
 export PYTHONUNBUFFERED=1
 TOK=/tmp/jaxllm-tokenizer-llama-3.1-8b
 python3 -c "from benchmarks.server_process import write_synthetic_tokenizer as w; w('$TOK', 128256, 128000, 128009)"
-SERVER="python3 -m server.cli serve llama-3.1-8b --load-format dummy --dtype bfloat16 --max-model-len 1024"
+SERVER="python3 -m jaxllm.server.cli serve llama-3.1-8b --load-format dummy --dtype bfloat16 --max-model-len 1024"
 SERVER+="${MAX_SEQS:+ --max-num-seqs $MAX_SEQS}${MAX_TOKENS:+ --max-num-batched-tokens $MAX_TOKENS}"
 SERVER+=" --tokenizer $TOK --uvicorn-log-level warning"
 timeout "${STARTUP_TIMEOUT:-300}" python3 benchmarks/startup.py --mode server --server-command "$SERVER" \

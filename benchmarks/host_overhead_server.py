@@ -127,7 +127,7 @@ def main(argv=None) -> None:
     import uvicorn
 
     from jaxllm.engine.async_engine import AsyncLLMEngine
-    from server.app import build_app
+    from jaxllm.server.app import build_app
 
     inner = DeviceTimeEngine(
         args.device_ms / 1e3, args.vocab_size, args.max_model_len, args.model_name, host_s=args.host_ms / 1e3

@@ -63,8 +63,8 @@ from benchmarks.kernels import (  # noqa: E402
     jax_paged_attention_fn,
     time_calls,
 )
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention  # noqa: E402
-from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention, resolve_config  # noqa: E402
+from jaxllm.kernels.reference import ref_ragged_paged_attention  # noqa: E402
+from jaxllm.kernels.triton_attention import ragged_paged_attention, resolve_config  # noqa: E402
 from tests.kernels.cases import make_problem, rel_err  # noqa: E402
 
 MAIN = [(64, 2048), (256, 2048), (8, 32768), (64, 32768), (32, 8192)]

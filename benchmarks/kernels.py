@@ -30,8 +30,8 @@ import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
-from pallas_kernels.gpu_ops import write_kv_cache_pallas, write_kv_cache_xla  # noqa: E402
-from pallas_kernels.ragged_paged_attention_gpu import default_config, ragged_paged_attention  # noqa: E402
+from jaxllm.kernels.ops import write_kv_cache_pallas, write_kv_cache_xla  # noqa: E402
+from jaxllm.kernels.triton_attention import default_config, ragged_paged_attention  # noqa: E402
 
 HQ, HKV, D, PS = 32, 8, 128, 16
 DT = jnp.bfloat16

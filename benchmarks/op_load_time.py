@@ -42,7 +42,7 @@ def op_args(t: int, s: int, b: int = 64):
 def main(cache_dir: str) -> list[dict]:
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    from pallas_kernels import gpu_ops
+    from jaxllm.kernels import ops as gpu_ops
 
     rows = []
     for name, op in [

@@ -39,9 +39,9 @@ import numpy as np
 sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
 from benchmarks.kernels import DT, HKV, HQ, PS, D, prefill_problem, time_calls  # noqa: E402
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention  # noqa: E402
-from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention  # noqa: E402
-from pallas_kernels.ragged_paged_attention_mgpu import MgpuConfig, prefill_paged_attention_mgpu  # noqa: E402
+from jaxllm.kernels.mosaic_prefill import MgpuConfig, prefill_paged_attention_mgpu  # noqa: E402
+from jaxllm.kernels.reference import ref_ragged_paged_attention  # noqa: E402
+from jaxllm.kernels.triton_attention import ragged_paged_attention  # noqa: E402
 
 SHAPES = ((4, 2048), (1, 8192))
 # Sweep after the default MgpuConfig(): one CTA per unit (not persistent); 64-token blocks 3 deep;

@@ -8,7 +8,7 @@ the outputs to the loop and steps again. The loop's work for those outputs (SSE 
 then runs beside the next steps instead of between them (on the H200 at 32 streams the old design, where
 the loop started each step, left the step thread waiting for the loop about 1.9 ms per step). The two
 threads still share the GIL: with Python's 5 ms switch interval the HTTP work delays the step thread just
-as much, so the server sets a short one (`--gil-switch-interval-ms`, server/cli.py, with the measurements).
+as much, so the server sets a short one (`--gil-switch-interval-ms`, jaxllm/server/cli.py, with the measurements).
 The engine is touched only by the engine thread (`prepare_request`, which validates and tokenizes, is the
 exception: it reads no state a step changes). A stream that is closed before its request finishes (a
 client disconnect) aborts the request and frees its blocks.

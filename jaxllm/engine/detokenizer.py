@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from jaxllm.compat import rust_tokenizer
+
 _REPLACEMENT = "\ufffd"
 DEFAULT_CONTEXT_TOKENS = 0
 
@@ -96,7 +98,7 @@ def rust_decoder(tokenizer):
     """The `tokenizers.Tokenizer` that decodes for `tokenizer`, when its `decode` with cleaning off is
     exactly that tokenizer's decode: a transformers fast tokenizer whose class does not override
     `_decode`. None otherwise (slow tokenizers, wrappers, classes with their own decoding)."""
-    rust = getattr(tokenizer, "_tokenizer", None)
+    rust = rust_tokenizer(tokenizer)
     if rust is None or not callable(getattr(rust, "decode", None)):
         return None
     owner = next((c for c in type(tokenizer).__mro__ if "_decode" in vars(c)), None)

@@ -1,10 +1,10 @@
 """Paged attention for a model layer: write this step's K/V into the cache, then attend over it.
 
 `(q, k, v, kv_cache, metadata) -> (out, kv_cache)`. The backend is chosen statically: "reference" runs the
-plain-jnp ops of pallas_kernels (any platform; what the CPU uses), "pallas" runs the GPU kernels
+plain-jnp ops of jaxllm.kernels (any platform; what the CPU uses), "pallas" runs the GPU kernels
 (Triton-lowered, any CUDA GPU), "pallas-hopper" the same but long prefill chunks on the Mosaic GPU kernel
-(sm_90 only; pallas_kernels/ragged_paged_attention_hopper.py).
-This is the only module of the model that calls into pallas_kernels.
+(sm_90 only; jaxllm/kernels/hopper_dispatch.py).
+This is the only module of the model that calls into jaxllm.kernels.
 
 Under tensor parallelism (a "tp" mesh set by `jaxllm.parallel.mesh_context` while the step is traced) the
 kernels run under `shard_map` over the head axis: each device attends with its own query heads and the
@@ -16,10 +16,10 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
+from jaxllm.kernels.kv_write_xla import ref_write_kv_cache
+from jaxllm.kernels.reference import ref_ragged_paged_attention
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.parallel.mesh import TP_AXIS, current_tp_mesh
-from pallas_kernels.kv_cache_write import ref_write_kv_cache
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
 
 
 def resolve_backend(backend: str) -> str:
@@ -111,7 +111,7 @@ def _local_qkv_attention(qkv, kv_cache, md, *, num_q_heads, sm_scale, backend, s
         q, k, v = qkv[:, :hq], qkv[:, hq : hq + s], qkv[:, hq + s :]
         kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)
         return _local_paged_attention(q, k, v, kv_cache, md, **kw)
-    from pallas_kernels import gpu_ops
+    from jaxllm.kernels import ops as gpu_ops
 
     k_pages, v_pages = gpu_ops.write_kv_cache(qkv, qkv, *kv_cache, md.slot_mapping, k_head=hq, v_head=hq + s)
     attend = (
@@ -129,7 +129,7 @@ def _local_qkv_attention(qkv, kv_cache, md, *, num_q_heads, sm_scale, backend, s
 def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap, sliding_window):
     k_pages, v_pages = kv_cache
     if backend in ("pallas", "pallas-hopper"):
-        from pallas_kernels import gpu_ops  # imported lazily: only GPU hosts need the kernels compiled
+        from jaxllm.kernels import ops as gpu_ops  # imported lazily: only GPU hosts need the kernels compiled
 
         write = gpu_ops.write_kv_cache
         hopper = backend == "pallas-hopper"

@@ -23,6 +23,8 @@ import functools
 import flax.linen as nn
 import jax
 
+from jaxllm.compat import flax_interceptors_active
+
 
 @functools.partial(jax.jit, static_argnums=(0, 1), inline=True)
 def _apply_layer(layer: nn.Module, static: tuple, params, *arrays):
@@ -45,6 +47,4 @@ def call_layer(model: nn.Module, layer: nn.Module, *arrays, **static):
 
 def _interceptors_active() -> bool:
     """Whether an `nn.intercept_methods` context is open (flax keeps them on a thread-local stack)."""
-    from flax.linen import module as linen_module
-
-    return bool(getattr(linen_module, "_global_interceptor_stack", None))
+    return flax_interceptors_active()

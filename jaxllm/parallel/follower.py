@@ -19,11 +19,12 @@ _WAIT_MS = 60_000
 
 
 def _client():
-    from jax._src.distributed import global_state
+    from jaxllm.compat import distributed_client
 
-    if global_state.client is None:
+    client = distributed_client()
+    if client is None:
         raise ValueError("a step channel needs jax.distributed (num_processes > 1)")
-    return global_state.client
+    return client
 
 
 class StepChannel:

@@ -7,7 +7,7 @@ the H200 host that Python work was most of a warm server start: about 0.5 s per 
 time (results/2026-12-04-h200-startup-server-llama8b-qkv-in-place.json: 22 s of a 31 s warm start).
 
 This cache sits in front of it. An entry's key is the SHA-256 of:
-  - the environment: the engine's own source (every .py file under jaxllm/ and pallas_kernels/), the jax
+  - the environment: the engine's own source (every .py file under jaxllm/), the jax
     and jaxlib versions, the platform, device kind and count, XLA_FLAGS, and the jax options that change
     programs (matmul precision, x64);
   - the variant: the caller's description of it (which function, static arguments, compiler options,
@@ -47,7 +47,7 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 
 logger = logging.getLogger("jaxllm")
 
-_SOURCE_PACKAGES = ("jaxllm", "pallas_kernels")
+_SOURCE_PACKAGES = ("jaxllm",)
 STALE_AFTER_S = 3600.0  # another environment's folder untouched this long is removed (module docstring)
 
 

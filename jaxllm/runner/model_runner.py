@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import logging
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.compat import jit_cache_size, register_atexit_before_thread_pools
 from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.runner import kv_cache as kvc
 from jaxllm.runner.buckets import BucketPlan
@@ -274,7 +274,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         self._background = ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile-later")
         # Runs before concurrent.futures' own exit hook (these hooks run last-registered first).
-        threading._register_atexit(
+        register_atexit_before_thread_pools(
             functools.partial(self._background.shutdown, wait=False, cancel_futures=True)
         )
         left = [len(todo)]
@@ -487,12 +487,12 @@ class ModelRunner:
         return len(self._pending_sample)
 
     def num_compiled(self) -> int:
-        jitted = sum(f._cache_size() for f in (self._sample, self._prompt_logprobs))
+        jitted = sum(jit_cache_size(f) for f in (self._sample, self._prompt_logprobs))
         return jitted + self.model_step_traces() + len(self._ahead_model) + len(self._ahead_sample)
 
     def model_step_traces(self) -> int:
         """Model-step variants jit compiled on the way (not ahead of time)."""
-        return sum(step._cache_size() for step in self._model_steps.values())
+        return sum(jit_cache_size(step) for step in self._model_steps.values())
 
 
 def _wants_prompt_logprobs(sr: ScheduledRequest) -> bool:

@@ -39,7 +39,7 @@ def tokenizer_dir(tmp_path_factory) -> str:
 
 def server_command(tokenizer: str) -> str:
     return (
-        f"{sys.executable} -m server.cli serve tiny-llama --load-format dummy --max-model-len 64 "
+        f"{sys.executable} -m jaxllm.server.cli serve tiny-llama --load-format dummy --max-model-len 64 "
         f"--max-num-seqs 4 --max-num-batched-tokens 64 --tokenizer {tokenizer} --uvicorn-log-level warning"
     )
 
@@ -70,7 +70,7 @@ def test_synthetic_tokenizer(tokenizer_dir, tmp_path):
 
 
 def test_engine_startup_from_log(tmp_path):
-    from server.cli import startup_lines
+    from jaxllm.server.cli import startup_lines
 
     info = {
         "model": "llama-3.1-8b",

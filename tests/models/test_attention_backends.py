@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from jaxllm.config import ATTENTION_BACKENDS, RunnerConfig
+from jaxllm.kernels import ops as gpu_ops
+from jaxllm.kernels.kv_write_xla import ref_write_kv_cache
+from jaxllm.kernels.reference import ref_ragged_paged_attention
 from jaxllm.layers.attention import is_hopper, paged_attention, resolve_backend
 from jaxllm.layers.attention_metadata import AttentionMetadata
-from pallas_kernels import gpu_ops
-from pallas_kernels.kv_cache_write import ref_write_kv_cache
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
 from tests.kernels.cases import make_problem
 
 

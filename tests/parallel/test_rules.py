@@ -118,7 +118,7 @@ def test_distributed_settings_from_env(monkeypatch):
 
 
 def test_cli_flags_reach_the_config():
-    from server.cli import engine_config_from_args, parse_args
+    from jaxllm.server.cli import engine_config_from_args, parse_args
 
     args = parse_args(
         [

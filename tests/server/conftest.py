@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from starlette.testclient import TestClient
 
-from server.app import build_app
+from jaxllm.server.app import build_app
 from tests.server.mock_engine import MockAsyncEngine
 
 

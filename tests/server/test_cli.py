@@ -10,7 +10,7 @@ import types
 import pytest
 
 from jaxllm.config import EngineConfig
-from server import cli
+from jaxllm.server import cli
 
 
 def config(argv: list[str], **kw) -> EngineConfig:
@@ -251,7 +251,7 @@ def test_entry_points_help():
 
 def test_server_never_imports_jax():
     code = (
-        "import sys, server.app, server.cli, jaxllm.entrypoints.openai.api_server; "
+        "import sys, jaxllm.server.app, jaxllm.server.cli, jaxllm.entrypoints.openai.api_server; "
         "bad = [m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib', 'flax'))]; "
         "assert not bad, bad"
     )

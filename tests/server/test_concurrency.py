@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from server.app import build_app
+from jaxllm.server.app import build_app
 from tests.server.conftest import LiveServer
 from tests.server.sse import finish_reasons, parse_sse, stream_texts, streams_and_non_streamed
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from server.app import build_app
+from jaxllm.server.app import build_app
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from jaxllm.config import CacheConfig, EngineConfig, ModelSpec, SchedulerConfig
 from jaxllm.engine.async_engine import AsyncLLMEngine
-from server.app import build_app
+from jaxllm.server.app import build_app
 from tests.server.conftest import LiveServer
 from tests.server.sse import first_difference_is_a_near_tie, streams_and_non_streamed
 

@@ -257,7 +257,7 @@ def test_metrics_report_engine_steps_and_device_wait(client, engine):
 
 
 def test_stats_logger_throughput(client, engine):
-    from server.metrics import StatsLogger
+    from jaxllm.server.metrics import StatsLogger
 
     logger = StatsLogger(client.app.state.server.metrics)
     before = engine.get_stats().generation_tokens

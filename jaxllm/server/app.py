@@ -23,15 +23,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import jaxllm
-from server.auth import APIKeyMiddleware
-from server.body import read_json_object
-from server.errors import APIError, error_body, error_response
-from server.generation import check_model
-from server.metrics import ServerMetrics, StatsLogger
-from server.protocol import parse_detokenize, parse_tokenize
-from server.serving_chat import create_chat_completion, render_chat
-from server.serving_completion import create_completion
-from server.state import ServerState
+from jaxllm.server.auth import APIKeyMiddleware
+from jaxllm.server.body import read_json_object
+from jaxllm.server.errors import APIError, error_body, error_response
+from jaxllm.server.generation import check_model
+from jaxllm.server.metrics import ServerMetrics, StatsLogger
+from jaxllm.server.protocol import parse_detokenize, parse_tokenize
+from jaxllm.server.serving_chat import create_chat_completion, render_chat
+from jaxllm.server.serving_completion import create_completion
+from jaxllm.server.state import ServerState
 
 logger = logging.getLogger("jaxllm.server")
 
@@ -101,7 +101,7 @@ async def tokenize(request: Request) -> Response:
     req = parse_tokenize(await read_json_object(request, s.max_request_body_bytes))
     check_model(req.model, s.served_names)
     if req.messages is not None:
-        from server.protocol import ChatRequest, CommonFields
+        from jaxllm.server.protocol import ChatRequest, CommonFields
 
         chat = ChatRequest(common=CommonFields(None, False, False), messages=req.messages)
         ids = render_chat(s, chat)

@@ -17,9 +17,9 @@ import anyio
 
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
-from server.errors import APIError, from_value_error
-from server.metrics import ServerMetrics
-from server.protocol import CommonFields
+from jaxllm.server.errors import APIError, from_value_error
+from jaxllm.server.metrics import ServerMetrics
+from jaxllm.server.protocol import CommonFields
 
 
 class ClientDisconnected(Exception):

@@ -42,7 +42,7 @@ Backend, chosen by measurement on one H200 (Llama-3.1-8B heads, page 16, bf16):
     1.30-1.48x JAX's Pallas paged_attention at its best knobs in the same run and 2.7-2.9x dense XLA
     (benchmarks/results/2026-12-02-h200-kernel-sweep.json).
   - Prefill: this kernel reaches 214 TFLOP/s at 4 x 2048 causal and 252 at 1 x 8192, under half of
-    cuDNN (485 / 538). The Mosaic GPU kernel in ragged_paged_attention_mgpu.py (wgmma, per-page TMA,
+    cuDNN (485 / 538). The Mosaic GPU kernel in mosaic_prefill.py (wgmma, per-page TMA,
     warp-specialised pipeline) reaches 461 / 543 on the same shapes
     (benchmarks/results/2026-12-02-h200-prefill-mgpu.json): prefill chunks belong there.
 """
@@ -58,8 +58,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.ragged_paged_attention import check_inputs
-from pallas_kernels.rpa_schedule import build_work_items
+from jaxllm.kernels.reference import check_inputs
+from jaxllm.kernels.triton_schedule import build_work_items
 
 MASK_VALUE = -1e30
 LOOP_LAYOUTS = ("split", "masked")

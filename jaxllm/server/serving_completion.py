@@ -11,8 +11,8 @@ import uuid
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from server.errors import APIError, error_body
-from server.generation import (
+from jaxllm.server.errors import APIError, error_body
+from jaxllm.server.generation import (
     ClientDisconnected,
     check_model,
     check_prompt_ids,
@@ -23,10 +23,10 @@ from server.generation import (
     start_all,
     tracked,
 )
-from server.logprobs import completion_logprobs
-from server.protocol import get_int, parse_completion
-from server.state import ServerState
-from server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
+from jaxllm.server.logprobs import completion_logprobs
+from jaxllm.server.protocol import get_int, parse_completion
+from jaxllm.server.state import ServerState
+from jaxllm.server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -251,7 +251,7 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from jaxllm.engine.async_engine import AsyncLLMEngine
-    from server.app import build_app
+    from jaxllm.server.app import build_app
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     sys.setswitchinterval(args.gil_switch_interval_ms / 1000)

@@ -3,7 +3,7 @@
 Same contract as ref_ragged_paged_attention (no soft cap, no sliding window), built for decode-like
 batches: every query row is its own unit of work, so a row of a short chunk costs a whole pass over
 its context. For decode rows that is exactly the work; the Triton kernel in
-ragged_paged_attention_gpu.py loses bandwidth at short contexts because each of its programs fills a
+triton_attention.py loses bandwidth at short contexts because each of its programs fills a
 software pipeline for a few KV steps and then drains it.
 
 Data flow of one call:
@@ -29,9 +29,9 @@ selected to -inf and the V rows past it are zeroed in shared memory before P V (
 NaN); pages past a row's last page are never read (their slots repeat its last page).
 
 Checked on the CPU: Mosaic GPU interpret mode against the jnp reference, and lowering for the "cuda"
-platform (tests/kernels/test_decode_mgpu.py). Speed against the Triton kernel: benchmarks/decode_mgpu.py.
+platform (tests/kernels/test_mosaic_decode.py). Speed against the Triton kernel: benchmarks/decode_mgpu.py.
 
-Shapes (dimension letters as in pallas_kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
+Shapes (dimension letters as in jaxllm/kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
 [Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
 """
 
@@ -47,8 +47,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.ragged_paged_attention import check_inputs
-from pallas_kernels.rpa_mgpu_schedule import SMEM_LIMIT, cdiv, unit_schedule
+from jaxllm.kernels.mosaic_schedule import SMEM_LIMIT, cdiv, unit_schedule
+from jaxllm.kernels.reference import check_inputs
 
 _LOG2E = math.log2(math.e)
 _M_INIT = -1e30  # finite: exp2(-inf - _M_INIT) == 0

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.errors import APIError
+from jaxllm.server.errors import APIError
 
 _MISSING = object()
 MAX_N = 128  # samples per prompt; more is almost certainly a mistake and would flood the engine

@@ -35,9 +35,9 @@ repeat its last page.
 
 Checked on the CPU: Mosaic GPU interpret mode against the jnp reference (with its race detector and its
 check that every barrier phase is observed), and lowering for the "cuda" platform of the compiled
-forms (tests/kernels/test_rpa_mgpu.py). Speed against cuDNN and the Triton kernel: benchmarks/prefill_mgpu.py.
+forms (tests/kernels/test_mosaic_prefill.py). Speed against cuDNN and the Triton kernel: benchmarks/prefill_mgpu.py.
 
-Shapes (dimension letters as in pallas_kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
+Shapes (dimension letters as in jaxllm/kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
 [Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
 """
 
@@ -54,8 +54,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.ragged_paged_attention import check_inputs
-from pallas_kernels.rpa_mgpu_schedule import (
+from jaxllm.kernels.mosaic_schedule import (
     COMPUTE_WGS,
     KV_LEN,
     POS0,
@@ -70,6 +69,7 @@ from pallas_kernels.rpa_mgpu_schedule import (
     unit_schedule,
     work_items,
 )
+from jaxllm.kernels.reference import check_inputs
 
 _LOG2E = math.log2(math.e)
 _M_INIT = -1e30  # finite: exp2(-inf - _M_INIT) == 0, so fully masked rows stay 0 instead of NaN

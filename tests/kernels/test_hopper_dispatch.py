@@ -2,7 +2,7 @@
 against ref_ragged_paged_attention, and the row routing between its kernels.
 
 On the CPU both kernels run in interpret mode; `--gpu` runs the same cases compiled on the GPU
-(`pytest -m "gpu or not gpu" --gpu tests/kernels/test_rpa_hopper.py`).
+(`pytest -m "gpu or not gpu" --gpu tests/kernels/test_hopper_dispatch.py`).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
-from pallas_kernels.ragged_paged_attention_hopper import (
+from jaxllm.kernels.hopper_dispatch import (
     decode_mosaic_covers,
     mosaic_covers,
     ragged_paged_attention_hopper,
 )
-from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_mgpu
-from pallas_kernels.rpa_mgpu_schedule import MgpuConfig, max_padded_items, work_items
+from jaxllm.kernels.mosaic_prefill import prefill_paged_attention_mgpu
+from jaxllm.kernels.mosaic_schedule import MgpuConfig, max_padded_items, work_items
+from jaxllm.kernels.reference import ref_ragged_paged_attention
 from tests.kernels.cases import assert_matches_reference, make_problem, rel_err
 
 TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
@@ -104,7 +104,7 @@ def test_llama_decode_batch_on_gpu(on_gpu):
 def test_decode_bucket_takes_every_row(q_lens, kv_lens, pad_rows, pad_seqs, interpret, monkeypatch):
     """With as many rows as sequences (T == S) the Mosaic decode kernel answers every row, the chunk's
     rows each over its context up to its own position, and no Triton launch follows."""
-    import pallas_kernels.ragged_paged_attention_hopper as hopper
+    import jaxllm.kernels.hopper_dispatch as hopper
 
     prob = make_problem(
         q_lens, kv_lens, hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
@@ -219,7 +219,7 @@ def test_fused_qkv_input_on_gpu(on_gpu, q_lens, kv_lens, kernel):
     view, where the layout allows) give the reference's output, as q on its own does. Llama-3.1-8B heads."""
     if not on_gpu:
         pytest.skip("needs --gpu")
-    from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention
+    from jaxllm.kernels.triton_attention import ragged_paged_attention
 
     prob = make_problem(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16, dtype=jnp.bfloat16)
     t = prob.q.shape[0]

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.gpu_ops import write_kv_cache_pallas, write_kv_cache_xla
-from pallas_kernels.kv_cache_write import ref_write_kv_cache
-from pallas_kernels.kv_cache_write_gpu import row_block
+from jaxllm.kernels.kv_write_pallas import row_block
+from jaxllm.kernels.kv_write_xla import ref_write_kv_cache
+from jaxllm.kernels.ops import write_kv_cache_pallas, write_kv_cache_xla
 
 
 def _problem(t, hkv, p, ps, d, dtype, seed=0):

@@ -1,4 +1,4 @@
-"""Tiles of the Mosaic GPU prefill kernel and their schedule (ragged_paged_attention_mgpu.py).
+"""Tiles of the Mosaic GPU prefill kernel and their schedule (mosaic_prefill.py).
 
 MgpuConfig (tile sizes, pipeline depth, warpgroup roles) and its shared-memory budget; `work_items`
 cuts the flattened batch into TILE-row items of one sequence, ranked longest causal length first;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from server.metrics import ServerMetrics
+from jaxllm.server.metrics import ServerMetrics
 
 
 @dataclass(slots=True)
@@ -34,7 +34,7 @@ class ServerState:
         """The tokenizer, or a client error naming `param` when the model has none (random weights)."""
         tok = self.engine.tokenizer
         if tok is None:
-            from server.errors import APIError
+            from jaxllm.server.errors import APIError
 
             raise APIError(
                 f"this model has no tokenizer: '{param}' must be given as token ids", param=param

@@ -6,7 +6,7 @@ import json
 
 from starlette.requests import ClientDisconnect, Request
 
-from server.errors import APIError
+from jaxllm.server.errors import APIError
 
 
 def _too_large(limit: int) -> APIError:

@@ -10,7 +10,7 @@ import hmac
 
 from starlette.responses import JSONResponse
 
-from server.errors import error_body
+from jaxllm.server.errors import error_body
 
 PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
 

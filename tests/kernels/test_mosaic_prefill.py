@@ -5,7 +5,7 @@ copies and the mbarriers (and checks that every barrier phase is observed), with
 shared memory (pv_mode "smem": the interpreter models neither register wgmma operands nor run_state
 accumulators). Lowering for the "cuda" platform is checked on the CPU too, for the compiled forms.
 `--gpu` runs the grid compiled on the GPU, in both pv modes, plus the `gpu`-marked tests
-(`pytest -m "gpu or not gpu" --gpu tests/kernels/test_rpa_mgpu.py`).
+(`pytest -m "gpu or not gpu" --gpu tests/kernels/test_mosaic_prefill.py`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
-from pallas_kernels.ragged_paged_attention_mgpu import (
+from jaxllm.kernels.mosaic_prefill import (
     MgpuConfig,
     default_config,
     prefill_paged_attention_mgpu,
     unit_schedule,
 )
+from jaxllm.kernels.reference import ref_ragged_paged_attention
 from tests.kernels.cases import assert_matches_reference, make_problem, rel_err
 
 TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}

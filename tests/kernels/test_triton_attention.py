@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
-from pallas_kernels.ragged_paged_attention_gpu import ragged_paged_attention, split_steps
+from jaxllm.kernels.reference import ref_ragged_paged_attention
+from jaxllm.kernels.triton_attention import ragged_paged_attention, split_steps
 from tests.kernels.cases import MODES, assert_matches_reference, make_problem, rel_err
 
 TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}

@@ -1,7 +1,7 @@
 """Ragged paged attention on Hopper: each row of the batch goes to the kernel that is fastest for it.
 
 Decode-like batches (at most two rows per sequence) with enough work for the persistent Mosaic decode
-kernel (decode_attention_mgpu.py: at least DECODE_MIN_UNITS (row, KV head) units) run there
+kernel (mosaic_decode.py: at least DECODE_MIN_UNITS (row, KV head) units) run there
 (`_decode_like`):
   - T == S (the engine's decode buckets): every row, chunk rows included, on that kernel; one launch.
   - S < T <= 2 S: the decode rows on that kernel, then the short chunks and the padding rows on the
@@ -12,7 +12,7 @@ stay on the Triton kernel, whose context splits keep more SMs busy.
 
 Other batches (one output buffer, written by up to three launches in turn):
   1. Where contexts can reach PREFILL_MIN_CONTEXT tokens, prefill chunks of at least `mosaic_min_q_len`
-     query rows (one TILE, 128, by default) go to the Mosaic GPU prefill kernel (ragged_paged_attention_mgpu.py; wgmma, per-page TMA, warp-specialised:
+     query rows (one TILE, 128, by default) go to the Mosaic GPU prefill kernel (mosaic_prefill.py; wgmma, per-page TMA, warp-specialised:
      461 / 543 TFLOP/s at 4 x 2048 / 1 x 8192 causal on the H200 against the Triton kernel's 214 / 252).
      Every other row comes out zero. Only long chunks are taken because that kernel works on whole
      128-row tiles of one sequence gathered into a padded copy of q: a short chunk would cost a whole
@@ -34,7 +34,7 @@ before the decode kernel): 8,777 output tok/s against 8,804 for the Triton kerne
 within noise: the prefill attention is 4 ms of a 50 ms step whose matmuls take 39 ms. The prefill
 kernel matters for long prompts, where prefill attention grows with the square of the length.
 
-Shapes (dimension letters as in pallas_kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
+Shapes (dimension letters as in jaxllm/kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
 [Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
 """
 
@@ -45,8 +45,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.decode_attention_mgpu import DecodeMgpuConfig, decode_launch, decode_rows, group_rows
-from pallas_kernels.ragged_paged_attention_gpu import (
+from jaxllm.kernels.mosaic_decode import DecodeMgpuConfig, decode_launch, decode_rows, group_rows
+from jaxllm.kernels.mosaic_prefill import prefill_paged_attention_mgpu
+from jaxllm.kernels.mosaic_schedule import default_config as mgpu_default_config
+from jaxllm.kernels.triton_attention import (
     decode_like,
     from_launch_layout,
     launch_rows,
@@ -56,8 +58,6 @@ from pallas_kernels.ragged_paged_attention_gpu import (
     to_launch_layout,
     validate_args,
 )
-from pallas_kernels.ragged_paged_attention_mgpu import prefill_paged_attention_mgpu
-from pallas_kernels.rpa_mgpu_schedule import default_config as mgpu_default_config
 
 # Decode-like batches take the persistent Mosaic decode kernel for their decode rows when they have at
 # least DECODE_MIN_UNITS (row, KV head) units. Below that the Triton kernel's context splits keep more SMs

@@ -12,8 +12,8 @@ import uuid
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from server.errors import APIError, error_body
-from server.generation import (
+from jaxllm.server.errors import APIError, error_body
+from jaxllm.server.generation import (
     ClientDisconnected,
     check_model,
     check_prompt_ids,
@@ -24,10 +24,10 @@ from server.generation import (
     start_all,
     tracked,
 )
-from server.logprobs import chat_logprobs
-from server.protocol import ChatRequest, get_int, parse_chat
-from server.state import ServerState
-from server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
+from jaxllm.server.logprobs import chat_logprobs
+from jaxllm.server.protocol import ChatRequest, get_int, parse_chat
+from jaxllm.server.state import ServerState
+from jaxllm.server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
 
 
 def render_chat(state: ServerState, req: ChatRequest) -> list[int]:

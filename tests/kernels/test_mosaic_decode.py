@@ -3,7 +3,7 @@
 On the CPU the kernel runs in Mosaic GPU interpret mode (warpgroups, TMA copies and mbarriers simulated,
 every barrier phase checked to be observed), with P V taken from shared memory (pv_mode "smem"). Lowering
 for the "cuda" platform is checked on the CPU too. `--gpu` runs the grid compiled on the GPU in both pv
-modes, plus the `gpu`-marked tests (`pytest -m "gpu or not gpu" --gpu tests/kernels/test_decode_mgpu.py`).
+modes, plus the `gpu`-marked tests (`pytest -m "gpu or not gpu" --gpu tests/kernels/test_mosaic_decode.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.decode_attention_mgpu import DecodeMgpuConfig, decode_paged_attention_mgpu, decode_rows
-from pallas_kernels.ragged_paged_attention import ref_ragged_paged_attention
+from jaxllm.kernels.mosaic_decode import DecodeMgpuConfig, decode_paged_attention_mgpu, decode_rows
+from jaxllm.kernels.reference import ref_ragged_paged_attention
 from tests.kernels.cases import assert_matches_reference, make_problem, rel_err
 
 TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}

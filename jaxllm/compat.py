@@ -1,0 +1,51 @@
+"""Every private API of jax, flax, transformers and the standard library that jaxllm uses, in one place.
+
+Each function names what it reaches into and falls back (or raises) when an upgrade moves it;
+tests/test_compat.py calls each one against the installed versions, so an upgrade that breaks one fails
+there by name instead of deep inside a step. Nothing else in jaxllm touches these private names.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+def jit_cache_size(fn) -> int:
+    """How many programs a `jax.jit` function has traced and compiled (`PjitFunction._cache_size`)."""
+    size = getattr(fn, "_cache_size", None)
+    if size is None:
+        raise RuntimeError("jax.jit functions no longer expose _cache_size(); update jaxllm.compat")
+    return int(size())
+
+
+def register_atexit_before_thread_pools(fn: Callable[[], None]) -> None:
+    """Run `fn` at interpreter exit before concurrent.futures joins its worker threads
+    (`threading._register_atexit`: these hooks run last-registered first, before the pools' own)."""
+    hook = getattr(threading, "_register_atexit", None)
+    if hook is None:
+        raise RuntimeError("threading._register_atexit is gone; update jaxllm.compat")
+    hook(fn)
+
+
+def distributed_client():
+    """The key-value client of the coordinator `jax.distributed.initialize` joined, or None when this
+    process runs alone (`jax._src.distributed.global_state.client`)."""
+    from jax._src.distributed import global_state
+
+    return global_state.client
+
+
+def flax_interceptors_active() -> bool:
+    """Whether an `nn.intercept_methods` context is open (flax keeps a thread-local
+    `_global_interceptor_stack` in flax.linen.module)."""
+    from flax.linen import module as linen_module
+
+    if not hasattr(linen_module, "_global_interceptor_stack"):
+        raise RuntimeError("flax.linen.module._global_interceptor_stack is gone; update jaxllm.compat")
+    return bool(linen_module._global_interceptor_stack)
+
+
+def rust_tokenizer(tokenizer):
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer (`_tokenizer`), or None."""
+    return getattr(tokenizer, "_tokenizer", None)
