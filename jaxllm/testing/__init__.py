@@ -1,0 +1,1 @@
+"""Cases and tiny models shared by the test suite and the benchmarks (which never import tests/)."""
