@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 from jaxllm.kernels.kv_write_xla import ref_write_kv_cache
 from jaxllm.kernels.reference import ref_ragged_paged_attention
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
-from jaxllm.parallel.mesh import TP_AXIS, current_tp_mesh
+from jaxllm.layers.tensor_parallel import TP_AXIS, current_tp_mesh
 
 
 def resolve_backend(backend: str) -> str:

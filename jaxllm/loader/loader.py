@@ -60,8 +60,9 @@ def resolve_dtype(requested: str, checkpoint_dtype: str) -> jnp.dtype:
     return jnp.dtype("float32" if jax.default_backend() == "cpu" else "bfloat16")
 
 
-def _source_kind(spec: ModelSpec) -> tuple[str, str]:
-    """(kind, path): kind in gguf / hf / dummy."""
+def source_kind(spec: ModelSpec) -> tuple[str, str]:
+    """(kind, path): kind in gguf / hf / dummy. Public: jaxllm.parallel peeks at the architecture of the
+    same source before the model loads (parallel/arch_peek.py), so both resolve it alike."""
     model = spec.model if spec.model is not None else embedded_model_path()
     if spec.load_format == "dummy":
         if model in PRESETS:
@@ -105,7 +106,7 @@ def load_model(
     from jaxllm.loader.safetensors_loader import load_safetensors_params, read_hf_config
 
     start = time.perf_counter()
-    kind, path = _source_kind(spec)
+    kind, path = source_kind(spec)
     cache = (
         CheckpointCache(spec.checkpoint_dir, path, spec.dtype, layout=params_layout(tp_size))
         if spec.checkpoint_dir and kind != "dummy"

@@ -16,7 +16,6 @@ from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.llama import LlamaForCausalLM
 from jaxllm.models.opt import OPTForCausalLM
-from jaxllm.parallel.sharding import kv_cache_heads
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -51,6 +50,14 @@ def build_model(arch: ModelArchConfig, attn_backend: str = "reference", tp_size:
 def fused_groups(module: nn.Module) -> tuple:
     """The module's fused projections (FusedGroup), which the loader builds from the checkpoint's parts."""
     return module.fused_groups() if hasattr(module, "fused_groups") else ()
+
+
+def kv_cache_heads(arch: ModelArchConfig, tp_size: int) -> int:
+    """Head slots of the KV cache's axis 0 over `tp_size` devices: Hkv, or `tp_size` when there are fewer
+    KV heads than devices (each device then keeps the one KV head its query heads read, so a head is stored
+    tp_size / Hkv times; the fused q|k|v weight holds the same slots: models/fused_projections.py).
+    A fact of the model's geometry, which the sharding rules of jaxllm.parallel read."""
+    return max(arch.num_kv_heads, tp_size)
 
 
 def kv_slots(module: nn.Module) -> int:

@@ -7,11 +7,11 @@ ParallelConfig -> initialize_distributed (multi-host only, before any other jax 
                                    attention layer runs its kernels under shard_map.
 """
 
+from jaxllm.models.registry import kv_cache_heads
 from jaxllm.parallel.distributed import agree_on_min, initialize_distributed, resolve_distributed
 from jaxllm.parallel.mesh import TP_AXIS, build_mesh, current_tp_mesh, mesh_context
 from jaxllm.parallel.plan import TensorParallelPlan, plan_tensor_parallel
 from jaxllm.parallel.sharding import (
-    kv_cache_heads,
     kv_cache_sharding,
     param_partition_spec,
     param_sharding_fn,

@@ -14,11 +14,11 @@ from jaxllm.models.config import ModelArchConfig
 
 def peek_arch(spec: ModelSpec) -> ModelArchConfig:
     from jaxllm.loader.gguf_loader import gguf_hf_config, open_gguf
-    from jaxllm.loader.loader import _source_kind
+    from jaxllm.loader.loader import source_kind
     from jaxllm.loader.safetensors_loader import read_hf_config
     from jaxllm.models.presets import get_preset
 
-    kind, path = _source_kind(spec)
+    kind, path = source_kind(spec)
     if kind == "gguf":
         hf_config = gguf_hf_config(open_gguf(path), path)
     elif os.path.isdir(path):

@@ -2,17 +2,20 @@
 
 `build_mesh(N)` checks N against the devices jax sees (after `initialize_distributed`, that is every
 host's devices). The engine traces the model step inside `mesh_context(mesh)`; the attention layer reads
-the mesh back with `current_tp_mesh()` at trace time, so no model module carries sharding state.
+the mesh back with `current_tp_mesh()` at trace time, so no model module carries sharding state. The axis
+name and the context belong to the layers (jaxllm/layers/tensor_parallel.py): the model never imports this
+package, this package imports the model's.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 from jax.sharding import AxisType, Mesh
 
-TP_AXIS = "tp"
+from jaxllm.layers.tensor_parallel import TP_AXIS, current_tp_mesh
+from jaxllm.layers.tensor_parallel import tp_mesh_context as mesh_context
+
+__all__ = ["TP_AXIS", "build_mesh", "current_tp_mesh", "mesh_context"]
 
 
 def build_mesh(tensor_parallel_size: int) -> Mesh | None:
@@ -35,16 +38,3 @@ def build_mesh(tensor_parallel_size: int) -> Mesh | None:
         )
     # Auto axes: XLA's SPMD partitioner chooses the layout of intermediates and inserts the collectives.
     return Mesh(devices[:n], (TP_AXIS,), axis_types=(AxisType.Auto,))
-
-
-def mesh_context(mesh: Mesh | None):
-    """Context under which jitted steps are traced (and run); a no-op without a mesh."""
-    return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
-
-
-def current_tp_mesh():
-    """The mesh set by `mesh_context` when it has a "tp" axis of size > 1 (read at trace time), else None."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or TP_AXIS not in mesh.axis_names or mesh.shape[TP_AXIS] == 1:
-        return None
-    return mesh

@@ -12,13 +12,9 @@ from typing import TYPE_CHECKING
 
 from jax.sharding import Mesh, NamedSharding
 
+from jaxllm.models.registry import kv_cache_heads
 from jaxllm.parallel.mesh import TP_AXIS, build_mesh, mesh_context
-from jaxllm.parallel.sharding import (
-    kv_cache_heads,
-    kv_cache_sharding,
-    param_sharding_fn,
-    validate_tensor_parallel,
-)
+from jaxllm.parallel.sharding import kv_cache_sharding, param_sharding_fn, validate_tensor_parallel
 
 if TYPE_CHECKING:
     from jaxllm.config import ModelSpec

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING
 
 import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxllm.models.config import ModelArchConfig
 from jaxllm.parallel.mesh import TP_AXIS
-
-if TYPE_CHECKING:  # models import layers, which import this package
-    from jaxllm.models.config import ModelArchConfig
 
 logger = logging.getLogger("jaxllm")
 
@@ -62,11 +59,6 @@ def validate_tensor_parallel(arch: ModelArchConfig, n: int) -> None:
         raise ValueError(
             f"tensor_parallel_size={n} must divide the MLP intermediate size ({arch.intermediate_size})"
         )
-
-
-def kv_cache_heads(arch: ModelArchConfig, n: int) -> int:
-    """Head slots of the KV cache's axis 0: Hkv, or N when KV heads are replicated (N > Hkv)."""
-    return max(arch.num_kv_heads, n)
 
 
 def param_partition_spec(path: str, ndim: int, shape: tuple[int, ...], arch: ModelArchConfig, n: int) -> P:
