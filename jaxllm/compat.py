@@ -49,3 +49,25 @@ def flax_interceptors_active() -> bool:
 def rust_tokenizer(tokenizer):
     """The `tokenizers.Tokenizer` behind a transformers fast tokenizer (`_tokenizer`), or None."""
     return getattr(tokenizer, "_tokenizer", None)
+
+
+def rust_decoder(tokenizer):
+    """The `tokenizers.Tokenizer` that decodes for `tokenizer`, when its `decode` with cleaning off is
+    exactly that tokenizer's decode: a transformers fast tokenizer whose class does not override the
+    private `_decode` that transformers' fast tokenizer class defines. None otherwise (slow tokenizers,
+    wrappers, classes with their own decoding), and None when transformers no longer defines `_decode`
+    there, so decoding falls back to the tokenizer's public `decode`."""
+    rust = rust_tokenizer(tokenizer)
+    if rust is None or not callable(getattr(rust, "decode", None)):
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    plain = _decode_owner(PreTrainedTokenizerFast)
+    if plain is None or _decode_owner(type(tokenizer)) is not plain:
+        return None
+    return rust
+
+
+def _decode_owner(cls: type) -> type | None:
+    """The class in `cls`'s MRO whose `_decode` `cls` uses."""
+    return next((c for c in cls.__mro__ if "_decode" in vars(c)), None)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxllm.compat import rust_tokenizer
+from jaxllm.compat import rust_decoder
 
 _REPLACEMENT = "\ufffd"
 DEFAULT_CONTEXT_TOKENS = 0
@@ -92,19 +92,6 @@ class IncrementalDetokenizer:
         self._prefix_text = self._decode(self._window)
         self.output_text += delta
         return delta
-
-
-def rust_decoder(tokenizer):
-    """The `tokenizers.Tokenizer` that decodes for `tokenizer`, when its `decode` with cleaning off is
-    exactly that tokenizer's decode: a transformers fast tokenizer whose class does not override
-    `_decode`. None otherwise (slow tokenizers, wrappers, classes with their own decoding)."""
-    rust = rust_tokenizer(tokenizer)
-    if rust is None or not callable(getattr(rust, "decode", None)):
-        return None
-    owner = next((c for c in type(tokenizer).__mro__ if "_decode" in vars(c)), None)
-    if owner is None or owner.__module__ != "transformers.tokenization_utils_tokenizers":
-        return None
-    return rust
 
 
 def check_stop_strings(
