@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from jaxllm import LLM, SamplingParams
-from tests.utils.tiny_models import save_tiny_llama
+from jaxllm.testing.tiny_models import save_tiny_llama
 
 NOISE_FLOOR = 0.6  # logprob units: above the bf16 floor measured on the CPU (0.51 / 0.57, docstring)
 

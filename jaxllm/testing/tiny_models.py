@@ -1,8 +1,9 @@
 """Tiny random Hugging Face models and an offline byte-level BPE tokenizer, saved to a folder.
 
-Used by engine and runner tests: everything is built in-process (no hub). Weights use a larger init
-range than transformers' default so that greedy choices are far from ties and stay identical across
-batch compositions.
+Used by the engine, loader and parallel tests and by benchmarks/gpu_engine_check.py: everything is
+built in-process (no model hub), with transformers and torch (the `test` extra), which are imported only
+when a model is built. Weights use a larger init range than transformers' default so that greedy
+choices are far from ties and stay identical across batch compositions.
 """
 
 from __future__ import annotations
