@@ -3,7 +3,7 @@ fused ones (q|k|v in one [H, (Nq + 2 Nkv) D] weight, gate|up in one [H, 2 I]: th
 models/fused_projections.py), at given token counts.
 The fused weight is the separate ones side by side; its product is checked against theirs.
 
-    python benchmarks/gemm_shapes.py --model llama-3.1-8b --tokens 1,32,1000,16384
+    python -m benchmarks.gemm_shapes --model llama-3.1-8b --tokens 1,32,1000,16384
 
 What is timed: one jitted function runs the group for L layers, each on its own weights and its own
 input (so no weight stays in L2 and XLA cannot merge dots across layers), bf16 in and out; time per
@@ -17,15 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.roofline import H200
 from benchmarks.workload import arch_for_model, make_result, save_result

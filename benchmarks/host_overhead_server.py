@@ -1,8 +1,8 @@
 """The real server (Starlette app + AsyncLLMEngine) over an engine whose step only waits: the host cost of
 serving, with the device's time as a known bound.
 
-    python benchmarks/host_overhead_server.py --device-ms 6 --port 8011 &
-    python benchmarks/serve.py --base-url http://127.0.0.1:8011 --shape-model tiny-llama \
+    python -m benchmarks.host_overhead_server --device-ms 6 --port 8011 &
+    python -m benchmarks.serve --base-url http://127.0.0.1:8011 --shape-model tiny-llama \
         --num-prompts 64 --input-len 16 --output-len 64 --sweep-concurrency 1,32
 
 `DeviceTimeEngine.step()` waits for its previous step's `--device-ms` without the GIL (as a step waiting on
@@ -20,10 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jaxllm.outputs import CompletionOutput, RequestMetrics, RequestOutput  # noqa: E402
 from jaxllm.stats import EngineStats  # noqa: E402
