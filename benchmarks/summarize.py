@@ -115,7 +115,7 @@ def summary_markdown(results: list[dict[str, Any]], skipped: list[str]) -> str:
     lines = [
         "# Benchmark results",
         "",
-        f"{len(results)} result files; roofline shares are against one H200.",
+        f"{len(results)} result files; roofline shares are against the peaks of the card each ran on.",
         "",
     ]
     if by_kind.get("throughput"):
