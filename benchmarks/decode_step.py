@@ -3,7 +3,7 @@
     LLM(model, dummy weights) -> its ModelRunner -> for batch b x context c: a decode step's packed
     inputs (b sequences, each one new token at position c - 1 over c tokens of distinct KV pages)
     -> time the jitted model step (median of reps, after a warm-up compile) -> bytes it must move
-    (weights + KV read) / H200 bandwidth = bound -> share of the bound achieved.
+    (weights + KV read) / the card's bandwidth = bound -> share of the bound achieved.
 
     python -m benchmarks.decode_step --model llama-3.1-8b --batches 1,32,256 --contexts 640,2048
 

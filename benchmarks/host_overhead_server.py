@@ -8,11 +8,10 @@ serving, with the device's time as a known bound.
 `DeviceTimeEngine.step()` waits for its previous step's `--device-ms` without the GIL (as a step waiting on
 the GPU does), around `--host-ms` of pure-Python work (the engine's scheduling and output processing,
 GIL held, as LLMEngine.step does with async scheduling), and gives every running request one more token.
-`--switch-interval-ms` sets the interpreter's GIL switch interval (development CPU, c=32, 6 ms device
-steps, 2.5 or 4 ms of host work: TPOT 6.2 / 6.5-6.8 ms with either 5 or 0.5 ms, so the step thread does
-not wait on the event loop's thread for the GIL). The measured TPOT minus the step's device time is what the
-server's host path (engine loop, streams, SSE, HTTP) adds per token at that concurrency: at c=32 on the
-H200, decode steps are busy about 6 ms.
+`--switch-interval-ms` sets the interpreter's GIL switch interval, to see whether the step thread waits
+on the event loop's thread for the GIL. The measured TPOT minus the step's device time is what the
+server's host path (engine loop, streams, SSE, HTTP) adds per token at that concurrency; set
+`--device-ms` to a real card's decode step (step_profile.py) to see it against a real device.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
         --input-len 512 --output-len 256 --name llama8b-1000x512x256
 
 Reported: requests/s, output tok/s, total tok/s, wall time of generate, engine startup time, and the share
-of the H200 roofline bound for this exact workload.
+of the roofline bound for this exact workload on this card (roofline.py).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def device_trace(enabled: bool):
 
     from benchmarks.step_profile import device_timeline, load_trace
 
-    # Device events only: host and Python tracing slowed the host's side of the run 3.5x (H200, 1,000
+    # Device events only: host and Python tracing slowed the host's side of the run 3.5x (1,000
     # prompts: 30.6 s of host work against 8.2-10.4 s untraced) and so made gaps that are not there.
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level = 0
