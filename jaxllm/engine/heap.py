@@ -10,8 +10,7 @@ so full collections skip it.
 
 Tried and dropped: collecting the youngest generation far less often (every 50,000 allocations instead
 of 700) while an engine loop runs. It halved the scheduler's host time on a small CPU but made the
-server's host time per step grow on a GPU host, where the young collections it saved were cheap and the
-larger ones it caused were not.
+server's host time per step grow on a GPU host (docs/performance.md), so the interpreter's default stays.
 """
 
 from __future__ import annotations
