@@ -3,9 +3,9 @@
     LLM(model, dummy weights) -> its ModelRunner -> for batch b x context c: a decode step's packed
     inputs (b sequences, each one new token at position c - 1 over c tokens of distinct KV pages)
     -> time the jitted model step (median of reps, after a warm-up compile) -> bytes it must move
-    (weights + KV read) / H200 bandwidth = bound -> share of the bound achieved.
+    (weights + KV read) / the card's bandwidth = bound -> share of the bound achieved.
 
-    python benchmarks/decode_step.py --model llama-3.1-8b --batches 1,32,256 --contexts 640,2048
+    python -m benchmarks.decode_step --model llama-3.1-8b --batches 1,32,256 --contexts 640,2048
 
 The sampler (a few hundred microseconds) and the host's work per step are not in these times: this is the
 forward pass alone, the part the kernels and XLA decide.
@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.roofline import HARDWARE, decode_step_bytes, decode_step_seconds, shape_for_model
+from benchmarks.roofline import (
+    HARDWARE_CHOICES,
+    decode_step_bytes,
+    decode_step_seconds,
+    hardware_for_device,
+    shape_for_model,
+)
 from benchmarks.workload import make_result, save_result
 from jaxllm.config import ATTENTION_BACKENDS
 
@@ -102,7 +103,12 @@ def main(argv=None) -> dict:
         "--gpu-memory-utilization", type=float, default=0.8, help="leaves room to randomize the KV"
     )
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
-    p.add_argument("--hardware", default="h200", choices=sorted(HARDWARE))
+    p.add_argument(
+        "--hardware",
+        choices=HARDWARE_CHOICES,
+        default="auto",
+        help="peaks for the roofline (auto: this GPU's)",
+    )
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
@@ -127,7 +133,7 @@ def main(argv=None) -> dict:
     runner = llm.llm_engine.runner
     randomize_kv(runner)
     shape = shape_for_model(args.model, args.dtype)
-    hw = HARDWARE[args.hardware]
+    hw = hardware_for_device(args.hardware)
     rows = []
     for c in contexts:
         for b in batches:

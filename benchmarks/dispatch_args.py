@@ -1,7 +1,7 @@
 """Host cost of one jitted call against its number of array arguments (the engine's model step takes
 about 355: 291 weights and 64 KV-cache pages at Llama-3.1-8B, donated pages among them).
 
-    python benchmarks/dispatch_args.py --counts 1,16,64,128,256,355
+    python -m benchmarks.dispatch_args --counts 1,16,64,128,256,355
 
 For each count N: a jitted function of N small device arrays that adds one to the first and returns it,
 its output fed back as the next call's first argument (a chain, as the engine's steps are). Measured: the
@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.workload import make_result, save_result
 

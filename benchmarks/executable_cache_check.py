@@ -1,6 +1,6 @@
 """The executable cache on the GPU: kept executables sample the same tokens as freshly compiled ones.
 
-    python benchmarks/executable_cache_check.py OUT.json [--model llama-3.1-8b]
+    python -m benchmarks.executable_cache_check OUT.json [--model llama-3.1-8b]
 
 Three processes share one cache folder (random weights, bf16, 40 prompts so that decode steps reach the
 Mosaic decode kernel's buckets):

@@ -3,31 +3,26 @@ fused ones (q|k|v in one [H, (Nq + 2 Nkv) D] weight, gate|up in one [H, 2 I]: th
 models/fused_projections.py), at given token counts.
 The fused weight is the separate ones side by side; its product is checked against theirs.
 
-    python benchmarks/gemm_shapes.py --model llama-3.1-8b --tokens 1,32,1000,16384
+    python -m benchmarks.gemm_shapes --model llama-3.1-8b --tokens 1,32,1000,16384
 
 What is timed: one jitted function runs the group for L layers, each on its own weights and its own
 input (so no weight stays in L2 and XLA cannot merge dots across layers), bf16 in and out; time per
 layer = median wall time of --reps calls / L. Separate q, k and v are three dots on one input, which XLA
 may merge on its own (its dot merger): the comparison is what the model's layout gives against one
-fused weight. Reported per group: ms per layer, TFLOP/s, and the weight bytes' TB/s, against the
-H200's measured matmul rate and bandwidth (roofline.H200), and fused / separate.
+fused weight. Reported per group: ms per layer, TFLOP/s, and the weight bytes' TB/s, against the card's
+matmul rate and bandwidth (roofline.py, --hardware), and fused / separate.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.roofline import H200
+from benchmarks.roofline import HARDWARE_CHOICES, hardware_for_device
 from benchmarks.workload import arch_for_model, make_result, save_result
 
 
@@ -84,10 +79,13 @@ def main(argv=None) -> dict:
     p.add_argument("--tokens", default="1,32,1000,16384", help="token counts (the GEMMs' M), comma list")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument(
+        "--hardware", choices=HARDWARE_CHOICES, default="auto", help="peaks for the bound (auto: this GPU's)"
+    )
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
-    arch = arch_for_model(args.model)
+    arch, hw = arch_for_model(args.model), hardware_for_device(args.hardware)
     rows = []
     for m in (int(t) for t in args.tokens.split(",")):
         for name, (k, widths) in groups(arch).items():
@@ -105,7 +103,7 @@ def main(argv=None) -> dict:
                     "ms": s * 1e3,
                     "tflops": flops / s / 1e12,
                     "weight_tbps": wbytes / s / 1e12,
-                    "bound_share": max(flops / H200.matmul_flops, wbytes / H200.bandwidth) / s,
+                    "bound_share": max(flops / hw.matmul_flops, wbytes / hw.bandwidth) / s,
                 }
             del xs, ws, candidates
             if "fused" in row:

@@ -1,18 +1,17 @@
 """The real server (Starlette app + AsyncLLMEngine) over an engine whose step only waits: the host cost of
 serving, with the device's time as a known bound.
 
-    python benchmarks/host_overhead_server.py --device-ms 6 --port 8011 &
-    python benchmarks/serve.py --base-url http://127.0.0.1:8011 --shape-model tiny-llama \
+    python -m benchmarks.host_overhead_server --device-ms 6 --port 8011 &
+    python -m benchmarks.serve --base-url http://127.0.0.1:8011 --shape-model tiny-llama \
         --num-prompts 64 --input-len 16 --output-len 64 --sweep-concurrency 1,32
 
 `DeviceTimeEngine.step()` waits for its previous step's `--device-ms` without the GIL (as a step waiting on
 the GPU does), around `--host-ms` of pure-Python work (the engine's scheduling and output processing,
 GIL held, as LLMEngine.step does with async scheduling), and gives every running request one more token.
-`--switch-interval-ms` sets the interpreter's GIL switch interval (development CPU, c=32, 6 ms device
-steps, 2.5 or 4 ms of host work: TPOT 6.2 / 6.5-6.8 ms with either 5 or 0.5 ms, so the step thread does
-not wait on the event loop's thread for the GIL). The measured TPOT minus the step's device time is what the
-server's host path (engine loop, streams, SSE, HTTP) adds per token at that concurrency: at c=32 on the
-H200, decode steps are busy about 6 ms.
+`--switch-interval-ms` sets the interpreter's GIL switch interval, to see whether the step thread waits
+on the event loop's thread for the GIL. The measured TPOT minus the step's device time is what the
+server's host path (engine loop, streams, SSE, HTTP) adds per token at that concurrency; set
+`--device-ms` to a real card's decode step (step_profile.py) to see it against a real device.
 """
 
 from __future__ import annotations
@@ -20,10 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jaxllm.outputs import CompletionOutput, RequestMetrics, RequestOutput  # noqa: E402
 from jaxllm.stats import EngineStats  # noqa: E402

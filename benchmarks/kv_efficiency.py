@@ -1,6 +1,6 @@
 """KV-cache memory efficiency with the pool full, and compilations after warm-up.
 
-    python benchmarks/kv_efficiency.py [--model PATH|preset --load-format dummy] [--num-prompts 48]
+    python -m benchmarks.kv_efficiency [--model PATH|preset --load-format dummy] [--num-prompts 48]
 
 Fills a deliberately small KV pool with mixed-length requests (prompts of 150-400 tokens, 16-64 new
 tokens: waste is at most one partial block per sequence, so it shrinks as sequences grow), and at every step where the pool is at
@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import numpy as np
@@ -53,14 +49,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--output-json", default=None)
     args = ap.parse_args(argv)
 
-    llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
-              num_gpu_blocks_override=args.num_blocks, max_num_seqs=32, max_num_batched_tokens=256,
-              enable_prefix_caching=False, compile_ahead=True)
+    llm = LLM(
+        args.model,
+        load_format=args.load_format,
+        max_model_len=args.max_model_len,
+        num_gpu_blocks_override=args.num_blocks,
+        max_num_seqs=32,
+        max_num_batched_tokens=256,
+        enable_prefix_caching=False,
+        compile_ahead=True,
+    )
     vocab = llm.llm_engine.loaded.arch.vocab_size
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, vocab - 1, int(n)).tolist() for n in rng.integers(150, 400, args.num_prompts)]
-    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(m), detokenize=False)
-              for m in rng.integers(16, 64, args.num_prompts)]
+    params = [
+        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(m), detokenize=False)
+        for m in rng.integers(16, 64, args.num_prompts)
+    ]
 
     run_workload(llm, prompts, params, None)  # warm-up: every variant this workload needs
     compiles: list[float] = []
@@ -84,11 +89,15 @@ def main(argv=None) -> dict:
         "num_preemptions": stats.num_preemptions,
         "compilations_after_warmup": len(compiles),
     }
-    print(f"KV memory efficiency with the pool >= 90% allocated: mean {result['kv_efficiency_mean']:.4f}, "
-          f"min {result['kv_efficiency_min']:.4f} over {len(samples)} steps (>= 0.96 expected)")
+    print(
+        f"KV memory efficiency with the pool >= 90% allocated: mean {result['kv_efficiency_mean']:.4f}, "
+        f"min {result['kv_efficiency_min']:.4f} over {len(samples)} steps (>= 0.96 expected)"
+    )
     print(f"compilations after warm-up: {len(compiles)}")
     out = args.output_json or str(
-        Path(__file__).parent / "results" / f"{time.strftime('%Y-%m-%d')}-{jax.default_backend()}-kv-efficiency.json"
+        Path(__file__).parent
+        / "results"
+        / f"{time.strftime('%Y-%m-%d')}-{jax.default_backend()}-kv-efficiency.json"
     )
     Path(out).write_text(json.dumps(result, indent=1))
     print(f"saved {out}")

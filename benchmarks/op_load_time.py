@@ -1,7 +1,7 @@
 """Start-up cost of the attention ops per step variant: trace + lower, then compile (or load from the
 persistent compilation cache), for the Triton op (pallas) and the Hopper op at a few bucket shapes.
 
-    python benchmarks/op_load_time.py /tmp/cache-dir     # twice: the first run fills the cache (cold),
+    python -m benchmarks.op_load_time /tmp/cache-dir     # twice: the first run fills the cache (cold),
                                                          # the second reads it (warm)
 
 Lowering runs in Python under the GIL on every start, cache or not, so it adds up over a server's step
@@ -13,13 +13,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = [(256, 256), (1024, 1024), (2048, 256), (8192, 1024)]  # (T, S) buckets; tables 64 pages wide
 

@@ -10,8 +10,11 @@ every sequence in the batch. Prefill is compute-bound: 2 FLOPs per matmul parame
 attention (4 x heads x head_dim FLOPs per layer per (query, key) pair, causal). The offline bound is the
 prefill FLOPs at the matmul rate plus the decode steps at the bandwidth (or their FLOPs, if larger).
 
-Peaks of one H200 as measured there (see DESIGN.md): 4.3e12 B/s of HBM copy bandwidth and 690e12 FLOP/s of
-bf16 matmul through XLA.
+The peaks (HARDWARE) are per card: `--hardware auto`, every tool's default, picks the card nvidia-smi
+names (`hardware_for_device`). The H200's are measured on one (a device-to-device copy and a bf16 matmul
+through XLA): a bound a real kernel can approach, where the datasheet's 4.8 TB/s is not reached even by a
+copy. The H100's bandwidth is its datasheet figure (SXM, 3.35 TB/s) and its matmul rate the H200's
+measured one (the same GH100 compute die).
 """
 
 from __future__ import annotations
@@ -38,7 +41,21 @@ class Hardware:
 
 
 H200 = Hardware("H200", bandwidth=4.3e12, matmul_flops=690e12)
-HARDWARE = {"h200": H200}
+H100 = Hardware("H100", bandwidth=3.35e12, matmul_flops=690e12)
+HARDWARE = {"h200": H200, "h100": H100}
+HARDWARE_CHOICES = ("auto", *sorted(HARDWARE))
+
+
+def hardware_for_device(choice: str = "auto") -> Hardware:
+    """The peaks named by `choice`; "auto": those of this machine's GPU (nvidia-smi), else the H200's, so
+    that a CPU run or an unknown card still prints a bound (its report names the card the bound is for)."""
+    if choice != "auto":
+        if choice not in HARDWARE:
+            raise ValueError(f"--hardware {choice!r} is not known; choose from {HARDWARE_CHOICES}")
+        return HARDWARE[choice]
+    from benchmarks.workload import device_tag
+
+    return HARDWARE.get(device_tag(), H200)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@
         result file is rewritten after every level, so a run stopped early keeps what it measured
     --report FILE...: print a saved sweep (and startup) result as markdown
 
-    python benchmarks/serve.py --launch "jaxllm serve llama-3.1-8b --load-format dummy --port 8000" \
+    python -m benchmarks.serve --launch "jaxllm serve llama-3.1-8b --load-format dummy --port 8000" \
         --model llama-3.1-8b --num-prompts 500 --input-len 512 --output-len 128 --request-rate 8 \
         --goodput ttft:500 tpot:50
 """
@@ -26,7 +26,6 @@ import logging
 import math
 import shlex
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,13 @@ from typing import Any
 import httpx
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.roofline import HARDWARE, offline_bound, roofline_line, shape_for_model
+from benchmarks.roofline import (
+    HARDWARE_CHOICES,
+    hardware_for_device,
+    offline_bound,
+    roofline_line,
+    shape_for_model,
+)
 from benchmarks.serve_metrics import (
     RequestTiming,
     check_targets,
@@ -140,7 +142,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report", nargs="+", default=None, metavar="JSON", help="print saved results; run nothing"
     )
-    p.add_argument("--hardware", choices=sorted(HARDWARE), default="h200")
+    p.add_argument(
+        "--hardware",
+        choices=HARDWARE_CHOICES,
+        default="auto",
+        help="peaks for the roofline (auto: this GPU's)",
+    )
     p.add_argument("--request-timeout", type=float, default=3600.0)
     p.add_argument("--name", default=None)
     p.add_argument("--output-json", default=None)
@@ -485,7 +492,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.name
             or f"serve-{Path(str(shape_name)).name}-{sum(counts)}x{args.input_len}x{args.output_len}"
         )
-        hw = HARDWARE[args.hardware]
+        hw = hardware_for_device(args.hardware)
 
         def load(reqs: list[BenchRequest], conc: int | None, timed: bool = True):
             """A timed level arrives at --request-rate and ends by --sweep-deadline; others all at once."""

@@ -8,9 +8,9 @@ for each of --passes passes, on one compilation cache dir (a new empty one, or -
     a pass is "cold" when the cache dir held no files before it, else "warm"
 -> table of the passes (and --target-warm-s met or not) -> benchmarks/results/<date>-<device>-<name>.json
 
-python benchmarks/startup.py --model llama-3.1-8b --load-format dummy
-python benchmarks/startup.py --mode server --server-command "jaxllm serve llama-3.1-8b --load-format dummy"
-python benchmarks/startup.py --mode server --server-command "..." --cache-dir /tmp/xla --keep-cache --passes 1
+python -m benchmarks.startup --model llama-3.1-8b --load-format dummy
+python -m benchmarks.startup --mode server --server-command "jaxllm serve llama-3.1-8b --load-format dummy"
+python -m benchmarks.startup --mode server --server-command "..." --cache-dir /tmp/xla --keep-cache --passes 1
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.server_process import cache_file_count, engine_startup_from_log, launch_server
 from benchmarks.workload import make_result, save_result

@@ -7,10 +7,12 @@
     KV write, XLA fusions, copies, other). Untraced, the same step also runs `reps` times back to back
     (the engine's overlapped loop): the time per step of that train and the host's time to enqueue one.
 
-    python benchmarks/step_profile.py --model llama-3.1-8b --decode 256x640 --decode 32x640 --mixed 200x640+4x512
+    python -m benchmarks.step_profile --model llama-3.1-8b --decode 256x640 --decode 32x640 --mixed 200x640+4x512
 
 The busy time against the wall time says whether the step waits on launches (gaps between kernels) or
-on the kernels themselves; the kinds say which kernels. Only device (GPU) events are counted; on the CPU
+on the kernels themselves; the kinds say which kernels. A decode case also carries its bandwidth bound
+(the weights plus every context token's K and V read once, at the card's peak: roofline.py) and the share
+of it the busy time and the back-to-back step reach. Only device (GPU) events are counted; on the CPU
 there are none and the report says so.
 """
 
@@ -24,17 +26,14 @@ import json
 import logging
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from benchmarks.decode_step import decode_inputs, randomize_kv
+from benchmarks.roofline import HARDWARE_CHOICES, decode_step_seconds, hardware_for_device, shape_for_model
 from benchmarks.workload import make_result, save_result
 from jaxllm.config import ATTENTION_BACKENDS
 
@@ -312,6 +311,19 @@ def profile_step(
     return row
 
 
+def decode_bound(bound_s: float, hardware: str, row: dict) -> dict:
+    """A decode step's bound and the shares of it the device's busy time and the back-to-back step reach
+    (a share near 1 leaves nothing to gain; the busy share is absent without device events)."""
+    out = {
+        "bound_ms": bound_s * 1e3,
+        "bound_hardware": hardware,
+        "back_to_back_share_of_bound": bound_s * 1e3 / row["back_to_back_ms"],
+    }
+    if row.get("busy_ms"):
+        out["busy_share_of_bound"] = bound_s * 1e3 / row["busy_ms"]
+    return out
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     a, b = text.lower().split("x")
     return int(a), int(b)
@@ -344,6 +356,9 @@ def main(argv=None) -> dict:
         metavar="N",
         help="also record a step's first N kernels in order",
     )
+    p.add_argument(
+        "--hardware", choices=HARDWARE_CHOICES, default="auto", help="peaks for the bound (auto: this GPU's)"
+    )
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
@@ -375,6 +390,7 @@ def main(argv=None) -> dict:
     )
     runner = llm.llm_engine.runner
     randomize_kv(runner)
+    shape, hw = shape_for_model(args.model, args.dtype), hardware_for_device(args.hardware)
     rows = []
     for kind, (b, c), pf in cases:
         inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)
@@ -384,6 +400,8 @@ def main(argv=None) -> dict:
             "case": label,
             **profile_step(runner, inputs, args.reps, tdir, args.host_events, args.kernel_sequence),
         }
+        if pf is None and shape is not None:
+            row.update(decode_bound(decode_step_seconds(shape, [c] * b, hw), hw.name, row))
         rows.append(row)
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in row.get("by_kind_ms", {}).items())
         logger.info(
@@ -393,6 +411,13 @@ def main(argv=None) -> dict:
             row["resident_inputs_back_to_back_ms"], row["resident_inputs_dispatch_ms"], row.get("device_span_ms", 0),
             row.get("device_gaps_ms", 0), row.get("bursts_per_step", 0), row.get("busy_ms", 0), kinds,
         )  # fmt: skip
+        if "bound_ms" in row:
+            logger.info(
+                "  %s bandwidth bound %.2f ms: busy at %s of it, back to back at %.1f%%",
+                row["bound_hardware"], row["bound_ms"],
+                f"{row['busy_share_of_bound']:.1%}" if "busy_share_of_bound" in row else "n/a",
+                100 * row["back_to_back_share_of_bound"],
+            )  # fmt: skip
         for k in row.get("kernel_sequence", []):
             logger.info("  kernel %8.2f us (after %6.2f us idle)  %s", k["us"], k["gap_us"], k["name"])
         if row.get("back_to_back_device"):

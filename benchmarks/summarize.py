@@ -4,19 +4,15 @@ benchmarks/results/*.json --load_results--> grouped by "benchmark" (throughput, 
     --summary_markdown--> benchmarks/results/SUMMARY.md (one table per kind, newest first)
     --plot (matplotlib, when installed)--> benchmarks/results/summary.png
 
-python benchmarks/summarize.py [--results-dir DIR]
+python -m benchmarks.summarize [--results-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.workload import RESULT_KEYS, RESULTS_DIR
 
@@ -119,7 +115,7 @@ def summary_markdown(results: list[dict[str, Any]], skipped: list[str]) -> str:
     lines = [
         "# Benchmark results",
         "",
-        f"{len(results)} result files; roofline shares are against one H200.",
+        f"{len(results)} result files; roofline shares are against the peaks of the card each ran on.",
         "",
     ]
     if by_kind.get("throughput"):

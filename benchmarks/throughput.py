@@ -5,11 +5,11 @@
          --LLM(...)--> startup_info --generate(ignore_eos)--> wall time, tokens
          --offline_bound--> roofline line --save_result--> benchmarks/results/<date>-<device>-<name>.json
 
-    python benchmarks/throughput.py --model llama-3.1-8b --load-format dummy --num-prompts 1000 \
+    python -m benchmarks.throughput --model llama-3.1-8b --load-format dummy --num-prompts 1000 \
         --input-len 512 --output-len 256 --name llama8b-1000x512x256
 
 Reported: requests/s, output tok/s, total tok/s, wall time of generate, engine startup time, and the share
-of the H200 roofline bound for this exact workload.
+of the roofline bound for this exact workload on this card (roofline.py).
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ import argparse
 import contextlib
 import gc
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.roofline import HARDWARE, ModelShape, offline_bound, roofline_line
+from benchmarks.roofline import (
+    HARDWARE_CHOICES,
+    ModelShape,
+    hardware_for_device,
+    offline_bound,
+    roofline_line,
+)
 from benchmarks.workload import (
     BenchRequest,
     arch_for_model,
@@ -91,7 +93,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--peer", choices=["none", "transformers"], default="none")
     p.add_argument("--peer-timeout", type=float, default=900.0, help="seconds before the peer is given up")
-    p.add_argument("--hardware", choices=sorted(HARDWARE), default="h200", help="peaks for the roofline line")
+    p.add_argument(
+        "--hardware",
+        choices=HARDWARE_CHOICES,
+        default="auto",
+        help="peaks for the roofline (auto: this GPU's)",
+    )
     p.add_argument("--name", default=None, help="result name; default: <model>-<N>x<in>x<out>")
     p.add_argument(
         "--output-json", default=None, help="path of the result JSON (default under benchmarks/results)"
@@ -203,7 +210,7 @@ def device_trace(enabled: bool):
 
     from benchmarks.step_profile import device_timeline, load_trace
 
-    # Device events only: host and Python tracing slowed the host's side of the run 3.5x (H200, 1,000
+    # Device events only: host and Python tracing slowed the host's side of the run 3.5x (1,000
     # prompts: 30.6 s of host work against 8.2-10.4 s untraced) and so made gaps that are not there.
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level = 0
@@ -260,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run["input_lens"],
         run["output_lens"],
         min(run["max_num_seqs"], len(requests)),
-        HARDWARE[args.hardware],
+        hardware_for_device(args.hardware),
     )
     line = roofline_line(bound, run["elapsed_s"])
     roof = {**bound.to_dict(), "achieved_share": bound.seconds / run["elapsed_s"], "line": line}

@@ -1,6 +1,6 @@
 """Host time to trace and lower every model-step variant a server compiles at start, per layer-trace mode.
 
-    python benchmarks/trace_cost.py --model llama-3.1-8b --max-num-seqs 1024 --max-num-batched-tokens 8192
+    python -m benchmarks.trace_cost --model llama-3.1-8b --max-num-seqs 1024 --max-num-batched-tokens 8192
 
 Both run under the GIL before an executable is compiled or loaded from the persistent cache, once per
 bucket of the start-up plan (runner/buckets.py). `plain`: every layer traced as itself;
@@ -16,11 +16,7 @@ import argparse
 import dataclasses
 import hashlib
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

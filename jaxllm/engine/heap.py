@@ -2,19 +2,15 @@
 
 An engine keeps every request's token lists and bookkeeping objects alive while it runs, and the step
 thread allocates on every step, so the collector's oldest generation comes round every few seconds and
-walks every tracked object: the weights' and compiled steps' Python objects from start-up included. On
-the development CPU, 1,000 requests of 128 + 32 tokens on a tiny model: two full collections of 108 ms
-each, on the host's critical path of the step they land in (a device idle for that long, a 100 ms
-inter-token gap for every stream). vLLM's engine does the same as `freeze_startup_heap`: once start-up is
-done, collect, then freeze what is left, so full collections skip it (there: 2 x 28 ms). On the H200,
-Llama-3.1-8B shape, 1,000 prompts 512 -> 256 in one call: 9,854 output tok/s frozen against 9,720 with the
-freeze undone (benchmarks/results/2026-12-03-h200-throughput-llama8b-1000x512x256-gc-*.json).
+walks every tracked object: the weights' and compiled steps' Python objects from start-up included. Such
+a full collection takes tens to hundreds of milliseconds and lands on the host's critical path of the
+step it interrupts: the device idles that long, and every stream sees one long inter-token gap. vLLM's
+engine does the same as `freeze_startup_heap`: once start-up is done, collect, then freeze what is left,
+so full collections skip it.
 
-Tried and dropped: collecting the youngest generation every 50,000 allocations instead of 700 while an
-engine loop runs. On the development CPU it cut the scheduler's host time by half; on the H200 the
-server's host time per step grew (dispatch at concurrency 32: 3.87 ms against 2.77, c=32 TPOT 7.19
-against 6.03 ms, one launch each) and the offline run's host work with it
-(benchmarks/results/2026-12-03-h200-young-gc-threshold-ab.log).
+Tried and dropped: collecting the youngest generation far less often (every 50,000 allocations instead
+of 700) while an engine loop runs. It halved the scheduler's host time on a small CPU but made the
+server's host time per step grow on a GPU host (docs/performance.md), so the interpreter's default stays.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ Every layer of a model has the same code and the same parameter shapes, so the m
 traces the first layer's Python (Flax modules, attention, rotary) once through a jitted function and
 reuses that trace for the other layers: `jax.jit(..., inline=True)` copies the cached jaxpr into the
 step, so the step's StableHLO is the same text as with the plain loop (checked by a test) and runs the
-same. Tracing a Llama-3.1-8B step drops from about 0.6 s to 0.1 s and lowering from 0.14 s to 0.06 s (on
-the development CPU), a start-up cost paid under the GIL for every compiled bucket.
+same. Tracing a step then costs about one layer's Python instead of every layer's, and lowering gets
+cheaper with it: a start-up cost paid under the GIL for every compiled bucket
+(`python -m benchmarks.trace_cost` measures both ways).
 
 The cache key is the layer module itself (class and fields, without its name) and the static
 arguments, so a new layer class or configuration traces anew. A layer's code edited in place (a

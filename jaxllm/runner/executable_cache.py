@@ -1,10 +1,10 @@
 """Compiled step executables kept on disk, so a warm start loads them without tracing or lowering.
 
 JAX's persistent compilation cache (which the engine also uses) is keyed by the lowered program, so a
-start-up on a warm cache still traces and lowers every variant; only XLA's compilation is skipped. On
-the H200 host that Python work was most of a warm server start: about 0.5 s per model-step variant, and
-0.64 s more for each one holding the Mosaic decode kernel (its lowering alone), under the GIL, one at a
-time (results/2026-12-04-h200-startup-server-llama8b-qkv-in-place.json: 22 s of a 31 s warm start).
+start-up on a warm cache still traces and lowers every variant; only XLA's compilation is skipped. That
+Python work runs under the GIL, one variant at a time, and costs most of a second per model-step variant
+(more for one that holds a Mosaic kernel, whose lowering is slow): with a server's dozens of variants it
+was most of a warm start (docs/performance.md gives the start-up times with and without this cache).
 
 This cache sits in front of it. An entry's key is the SHA-256 of:
   - the environment: the engine's own source (every .py file under jaxllm/), the jax

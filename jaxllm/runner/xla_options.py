@@ -1,24 +1,25 @@
-"""XLA compiler options of the model step, per token bucket, chosen by measurement on the H200.
+"""XLA compiler options of the model step, per token bucket.
 
-Three tiers of token buckets, each compiled with its own options (`step_tier`, `tier_options`):
+No one set of XLA options is best for every step: a decode step of a few sequences is bound by reading
+the weights, a step of hundreds of tokens by the matmuls' rate, and XLA's GEMM choices that help one
+hurt the other. So the token buckets fall into three tiers, each compiled with its own options
+(`step_tier`, `tier_options`):
 
 - small (up to SMALL_STEP_TOKENS, the decode steps of 1-64 sequences): XLA's DotMerger joins dots that
-  share an operand into one dot over the concatenated weights, for dots whose operand and result bytes
-  are under `xla_gpu_dot_merger_threshold_mb` (32 by default: q, k and v merge, gate and up, 117 MB each
-  at Llama-3.1-8B, do not). At 256 MB the merged gate|up dot is one Triton GEMM that reads both weights
-  in place (the concatenation fuses into it). H200, Llama-3.1-8B, 640-token contexts, a decode step's
-  device time: b1 4.72 -> 4.60 ms, b32 6.01 -> 5.68 ms, b64 7.17 -> 6.88 ms.
-- default (between the two): XLA's defaults. The merged gate|up dot was slower at b128 (8.96 -> 9.28 ms).
-- large (LARGE_STEP_TOKENS and up: decode batches of 256+ and prefill steps): no Triton GEMMs, no dot
-  merging. With XLA's defaults these steps ran q|k|v as one Triton GEMM at half the rate cuBLAS reaches
-  on the other projections (49 us per layer at b256), and cuBLAS without the merger's veto would copy
-  the concatenated q|k|v weights every step (0.8 ms per step). Triton GEMMs off alone: b256 13.30 ->
-  12.96 ms, prefill of 32 x 512 tokens 385.2 -> 373.2 ms (its XLA fusions 36.4 -> 21.2 ms), b1000 44.74
-  -> 44.54 ms, the concatenation copies included (results/2026-12-04-h200-step-profile-llama8b-triton-
-  gemm-*.json). At b32 the same option doubled the step (5.43 -> 9.86 ms: the normalisation fusions
-  lost their Triton emitter), hence the tiers.
+  share an operand into one dot over the concatenated weights, but only for dots whose operand and result
+  bytes are under `xla_gpu_dot_merger_threshold_mb` (32 by default: at Llama-3.1-8B gate and up, 117 MB
+  each, stay apart). Raised to 256 MB, the merged gate|up dot becomes one Triton GEMM that reads both
+  weights in place (the concatenation fuses into it): one pass over the MLP's input weights instead of
+  two, which is what a weight-bound step needs.
+- default (between the two): XLA's defaults. There the merged gate|up dot is slower than two GEMMs.
+- large (LARGE_STEP_TOKENS and up: decode batches of 256+ and prefill steps): no Triton GEMMs and no dot
+  merging. With XLA's defaults these steps run the q|k|v projection as one Triton GEMM at about half the
+  rate cuBLAS reaches on the other projections, and cuBLAS under the merger would copy the concatenated
+  weights every step. Turning Triton GEMMs off for the small tier instead doubles its step: its
+  normalisation fusions lose their Triton emitter. Hence the tiers.
 
-Earlier: benchmarks/results/2026-12-03-h200-step-profile-llama8b-dot-merger-*.json.
+The measurements behind the thresholds are in docs/performance.md (benchmarks/step_profile.py with
+XLA_FLAGS set per run reproduces them).
 """
 
 from __future__ import annotations

@@ -84,3 +84,16 @@ def test_bad_inputs():
         offline_bound(TOY, [1, 2], [1], max_batch=1)
     with pytest.raises(ValueError, match="bandwidth"):
         Hardware("x", 0.0, 1.0)
+
+
+def test_hardware_follows_the_gpu_name(monkeypatch):
+    """auto: the peaks of the card nvidia-smi names; an unknown card or none: the H200's; a bad name fails."""
+    from benchmarks import roofline, workload
+
+    for gpu, want in (("NVIDIA H100 80GB HBM3", roofline.H100), ("NVIDIA H200", roofline.H200),
+                      ("NVIDIA A10G", roofline.H200), (None, roofline.H200)):  # fmt: skip
+        monkeypatch.setattr(workload, "gpu_name", lambda gpu=gpu: gpu)
+        assert roofline.hardware_for_device("auto") is want, gpu
+    assert roofline.hardware_for_device("h100").bandwidth == 3.35e12
+    with pytest.raises(ValueError, match="--hardware"):
+        roofline.hardware_for_device("a100")

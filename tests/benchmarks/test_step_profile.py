@@ -89,3 +89,16 @@ def test_mixed_inputs_pack_decodes_then_chunks():
     np.testing.assert_array_equal(x.slot_mapping[:7], [2 * 16 + 3, 4 * 16 + 3, 80, 81, 82, 83, 84])
     assert (x.slot_mapping[7:] == -1).all(), "padding rows write nothing"
     np.testing.assert_array_equal(x.logits_indices[:3], [0, 1, 6])
+
+
+def test_decode_bound_shares():
+    from benchmarks.step_profile import decode_bound
+
+    got = decode_bound(0.006, "H100", {"back_to_back_ms": 8.0, "busy_ms": 7.5})
+    assert got == {
+        "bound_ms": pytest.approx(6.0),
+        "bound_hardware": "H100",
+        "back_to_back_share_of_bound": pytest.approx(0.75),
+        "busy_share_of_bound": pytest.approx(0.8),
+    }
+    assert "busy_share_of_bound" not in decode_bound(0.006, "H100", {"back_to_back_ms": 8.0})  # CPU

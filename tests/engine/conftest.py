@@ -1,6 +1,6 @@
 import pytest
 
-from tests.utils.tiny_models import save_tiny_llama
+from jaxllm.testing.tiny_models import save_tiny_llama
 
 
 @pytest.fixture(scope="session")

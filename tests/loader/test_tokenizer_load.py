@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from jaxllm.testing.tiny_models import CHATML, build_tokenizer
 from jaxllm.tokenizer import load_tokenizer, names_generic_fast_tokenizer
-from tests.utils.tiny_models import CHATML, build_tokenizer
 
 TEXTS = ["Hello world", "héllo wörld, naïve café — 世界 🙂", "<|im_start|>user\nhi<|im_end|>", ""]
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.utils.tiny_models import save_tiny_llama
+from jaxllm.testing.tiny_models import save_tiny_llama
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "parallel", "tp_worker.py")
