@@ -5,10 +5,11 @@ Both are persistent Hopper kernels with the same skeleton: one CTA per SM takes 
 (64 rows, loaded by TMA) with K/V blocks, and one memory warpgroup streams those blocks from the paged
 cache into a ring of `stages` shared-memory slots (stream_kv_blocks):
 
-  memory warpgroup                         compute warpgroup(s), per KV block
-  wait k_free[slot] (ring full)            wait k_full[slot]; S = Q K^T (score_tile); arrive k_free[slot]
-  one TMA copy per page -> k_full[slot]    online softmax in float32 (softmax_update)
-  one TMA copy per page -> v_full[slot]    wait v_full[slot]; O += P V (accumulate_pv); arrive v_free[slot]
+  memory warpgroup, per KV block           compute warpgroup(s), per KV block
+  wait k_free[slot] (once the ring is      wait k_full[slot]; S = Q K^T (score_tile); arrive k_free[slot]
+    full); a TMA copy per page of K,       online softmax in float32 (softmax_update)
+    all arriving on k_full[slot]           wait v_full[slot]; O += P V (accumulate_pv); arrive v_free[slot]
+  the same for V (v_free, v_full)
 
 A block is block_kv tokens, block_kv / page_size pages scattered in the pool: each page is its own TMA
 copy, its id read from the block table in global memory, and all copies of a block arrive on one
@@ -19,7 +20,7 @@ context the V rows past it are zeroed in shared memory before P V (zero_v_tail),
 
 The kernels differ in their units (decode: one query row and KV head; prefill: a 128-row tile and a
 query head, two compute warpgroups taking turns on the tensor cores) and in their masks; those stay in
-their own files. Everything here is traced into the kernels unchanged: moving it changed no kernel.
+their own files.
 """
 
 from __future__ import annotations
