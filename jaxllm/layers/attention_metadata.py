@@ -30,7 +30,10 @@ class AttentionMetadata:
         """The fields the attention kernels read, as the one pytree they take (made while tracing: no
         copy, no device work)."""
         return PagedAttentionMetadata(
-            kv_lens=self.kv_lens, block_tables=self.block_tables, cu_q_lens=self.cu_q_lens, num_seqs=self.num_seqs
+            kv_lens=self.kv_lens,
+            block_tables=self.block_tables,
+            cu_q_lens=self.cu_q_lens,
+            num_seqs=self.num_seqs,
         )
 
 
