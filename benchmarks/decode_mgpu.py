@@ -3,7 +3,7 @@
 What is timed, as in kernel_sweep.py: one jitted step runs a kernel for L layers back to back, each over
 its own K/V pages (L = min(8, what fits in --pool-gb), so pages stream from HBM, not L2), all with the
 same q, block table and lengths; time per layer = step time / L, the median of rounds after a warm-up.
-Bandwidth = KV bytes of one layer / time per layer, against the H200's ~4.3 TB/s.
+Bandwidth = KV bytes of one layer / time per layer, against PEAK_TBPS (benchmarks/kernels.py).
 Shapes: Llama-3.1-8B heads (32 q, 8 kv, d 128), page 16, bf16, every sequence at the full context,
 block tables a random permutation of the pool, --table-pages columns wide (the engine's tables are
 max_model_len / 16 wide; the Triton kernel's split count depends on it).
@@ -13,7 +13,7 @@ chunk, NaN in unused pages and page tails, padding rows) against the float32 jnp
 layer-0 output of each kernel is compared with the Triton kernel's on the whole batch. A config that
 fails to lower or compile, or whose check fails, is recorded with its error and not timed.
 
-  PYTHONUNBUFFERED=1 python3 benchmarks/decode_mgpu.py --out $OUT/decode_mgpu.json   # H200: ~2-3 min
+  PYTHONUNBUFFERED=1 python -m benchmarks.decode_mgpu --out $OUT/decode_mgpu.json
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import datetime
 import functools
 import json
 import os
-import sys
 import time
 import traceback
 import warnings
@@ -35,14 +34,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from benchmarks.kernel_sweep import random_tiled  # noqa: E402
 from benchmarks.kernels import DT, HKV, HQ, PEAK_TBPS, PS, D, error_text, time_calls  # noqa: E402
+from jaxllm.kernels.metadata import PagedAttentionMetadata  # noqa: E402
 from jaxllm.kernels.mosaic_decode import DecodeMgpuConfig, decode_paged_attention_mgpu  # noqa: E402
 from jaxllm.kernels.reference import ref_ragged_paged_attention  # noqa: E402
 from jaxllm.kernels.triton_attention import ragged_paged_attention  # noqa: E402
-from tests.kernels.cases import make_problem, rel_err  # noqa: E402
+from jaxllm.testing.kernel_cases import make_problem, rel_err  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")
 
@@ -89,13 +87,13 @@ def problem(batch, ctx, n_layers, table_pages, seed=0):
     width = max(per, table_pages)
     bt = np.zeros((batch, width), np.int32)
     bt[:, :per] = rng.permutation(pool).astype(np.int32).reshape(batch, per)
-    meta = (
-        jax.random.normal(jax.random.key(seed), (batch, HQ, D), DT),
-        jnp.asarray(bt),
-        jnp.full((batch,), ctx, jnp.int32),
-        jnp.arange(batch + 1, dtype=jnp.int32),
-        jnp.asarray([batch], jnp.int32),
+    md = PagedAttentionMetadata(
+        kv_lens=jnp.full((batch,), ctx, jnp.int32),
+        block_tables=jnp.asarray(bt),
+        cu_q_lens=jnp.arange(batch + 1, dtype=jnp.int32),
+        num_seqs=jnp.asarray([batch], jnp.int32),
     )
+    meta = (jax.random.normal(jax.random.key(seed), (batch, HQ, D), DT), md)
     kvs = [
         (random_tiled(2 * i + 1, (HKV, pool, PS, D)), random_tiled(2 * i + 2, (HKV, pool, PS, D)))
         for i in range(n_layers)
@@ -105,8 +103,8 @@ def problem(batch, ctx, n_layers, table_pages, seed=0):
 
 def step_fn(kernel):
     def step(meta, kvs):
-        q, bt, lens, cu, ns = meta
-        return [kernel(q, k, v, lens, bt, cu, ns) for k, v in kvs]
+        q, md = meta
+        return [kernel(q, k, v, md) for k, v in kvs]
 
     return jax.jit(step)
 

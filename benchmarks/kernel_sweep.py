@@ -25,8 +25,8 @@ boundaries, NaN in unused pages, padding rows) against the float32 jnp reference
 does not compile is recorded with its error and not timed. The timed output of layer 0 (ours and
 JAX's) is then compared with the reference on the first sequences of the batch.
 
-  python benchmarks/kernel_sweep.py --out $OUT/kernel_sweep.json         # H200: about 2-2.5 minutes
-  python benchmarks/kernel_sweep.py --interpret --tiny --out /tmp/s.json  # CPU smoke run (interpret)
+  python -m benchmarks.kernel_sweep --out $OUT/kernel_sweep.json
+  python -m benchmarks.kernel_sweep --interpret --tiny --out /tmp/s.json  # CPU smoke run (interpret)
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import functools
 import json
 import math
 import os
-import sys
 import time
 import warnings
 
@@ -47,8 +46,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.kernel_sweep_report import print_tables, row_line, summarize_row  # noqa: E402
 from benchmarks.kernels import (  # noqa: E402
@@ -63,9 +60,10 @@ from benchmarks.kernels import (  # noqa: E402
     jax_paged_attention_fn,
     time_calls,
 )
+from jaxllm.kernels.metadata import PagedAttentionMetadata  # noqa: E402
 from jaxllm.kernels.reference import ref_ragged_paged_attention  # noqa: E402
 from jaxllm.kernels.triton_attention import ragged_paged_attention, resolve_config  # noqa: E402
-from tests.kernels.cases import make_problem, rel_err  # noqa: E402
+from jaxllm.testing.kernel_cases import make_problem, rel_err  # noqa: E402
 
 MAIN = [(64, 2048), (256, 2048), (8, 32768), (64, 32768), (32, 8192)]
 GRID = [(64, 512), (64, 8192), (256, 512), (256, 8192), (256, 32768), (32, 512), (32, 32768)]
@@ -210,21 +208,21 @@ class Sweep:
         pool = batch * (ctx // PS)
         kv = sds((HKV, pool, PS, D), DT)
         i32 = jnp.int32
-        return (
-            q,
-            sds((batch, self.table_width(ctx)), i32),
-            sds((batch,), i32),
-            sds((batch + 1,), i32),
-            sds((1,), i32),
-        ), [(kv, kv)] * n_layers
+        md = PagedAttentionMetadata(
+            kv_lens=sds((batch,), i32),
+            block_tables=sds((batch, self.table_width(ctx)), i32),
+            cu_q_lens=sds((batch + 1,), i32),
+            num_seqs=sds((1,), i32),
+        )
+        return (q, md), [(kv, kv)] * n_layers
 
     # ---- step functions: L layers in one jit ----
     def ours_step(self, cfg):
         f = functools.partial(ragged_paged_attention, sm_scale=self.scale, interpret=self.interpret, **cfg)
 
         def step(meta, kvs):
-            q, bt, lens, cu, ns = meta
-            return [f(q, k, v, lens, bt, cu, ns) for k, v in kvs]
+            q, md = meta
+            return [f(q, k, v, md) for k, v in kvs]
 
         return step
 
@@ -234,9 +232,10 @@ class Sweep:
             return None
 
         def step(meta, kvs):
-            q, bt, lens, _, _ = meta
+            q, md = meta
             qs = q * self.scale  # JAX's kernel takes no softmax scale
-            return [g(qs, k, v, bt[:, :pps], lens) for k, v in kvs]  # its table: the context's pages
+            bt = md.block_tables[:, :pps]  # its table: the context's pages
+            return [g(qs, k, v, bt, md.kv_lens) for k, v in kvs]
 
         return step
 
@@ -254,15 +253,13 @@ class Sweep:
         nc = min(N_CHECK_SEQS, batch)
         sds, i32 = jax.ShapeDtypeStruct, jnp.int32
         kv = sds((HKV, batch * (ctx // PS), PS, D), DT)
-        return (
-            sds((nc, HQ, D), DT),
-            kv,
-            kv,
-            sds((nc,), i32),
-            sds((nc, ctx // PS), i32),
-            sds((nc + 1,), i32),
-            sds((1,), i32),
+        md = PagedAttentionMetadata(
+            kv_lens=sds((nc,), i32),
+            block_tables=sds((nc, ctx // PS), i32),
+            cu_q_lens=sds((nc + 1,), i32),
+            num_seqs=sds((1,), i32),
         )
+        return sds((nc, HQ, D), DT), kv, kv, md
 
     # ---- phase 1: compile everything, in parallel ----
     def compile_jobs(self):
@@ -392,7 +389,10 @@ class Sweep:
         bt = jnp.asarray(np.pad(bt, ((0, 0), (0, self.table_width(ctx) - pps))))
         lens = jnp.full((batch,), ctx, jnp.int32)
         cu = jnp.arange(batch + 1, dtype=jnp.int32)
-        meta = (q, bt, lens, cu, jnp.asarray([batch], jnp.int32))
+        md = PagedAttentionMetadata(
+            kv_lens=lens, block_tables=bt, cu_q_lens=cu, num_seqs=jnp.asarray([batch], jnp.int32)
+        )
+        meta = (q, md)
         kvs = [
             tuple(random_tiled(10 + 2 * i + j, (HKV, pool, PS, D)) for j in (0, 1)) for i in range(n_layers)
         ]
@@ -400,7 +400,13 @@ class Sweep:
         ref_exe, err = self.compiled(("ref", batch, ctx))
         if ref_exe is None:
             raise RuntimeError(f"the reference did not compile: {err}")
-        ref_args = (q[:nc], *kvs[0], lens[:nc], bt[:nc, :pps], cu[: nc + 1], jnp.asarray([nc], jnp.int32))
+        ref_md = PagedAttentionMetadata(
+            kv_lens=lens[:nc],
+            block_tables=bt[:nc, :pps],
+            cu_q_lens=cu[: nc + 1],
+            num_seqs=jnp.asarray([nc], jnp.int32),
+        )
+        ref_args = (q[:nc], *kvs[0], ref_md)
         ref = np.asarray(ref_exe(*ref_args), np.float32)
         del ref_args  # holds layer 0's pages, which must go before the dense copies come
         for name, cfg in ours.items():

@@ -7,7 +7,7 @@ Small problems rotate among several page sets so repeated calls do not just read
 Prefill: 4 x 2048 and 1 x 8192 causal; TFLOP/s counts the causal half (4 * Hq * D * L^2 / 2 per seq).
 KV write: XLA scatter under donation vs the Pallas kernel, decode (64 rows) and prefill (8192 rows).
 
-  python benchmarks/kernels.py --out benchmarks/results/$(date +%F)-h200-kernels.json [--quick]
+  python -m benchmarks.kernels --out benchmarks/results/$(date +%F)-h200-kernels.json [--quick]
 
 The decode loop variants, timed per layer inside one jitted multi-layer step, are swept by
 benchmarks/kernel_sweep.py, which shares this file's timing, JAX-kernel and dense-XLA helpers.
@@ -20,7 +20,6 @@ import datetime
 import functools
 import json
 import statistics
-import sys
 import time
 import warnings
 
@@ -28,8 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
-
+from jaxllm.kernels.metadata import PagedAttentionMetadata  # noqa: E402
 from jaxllm.kernels.ops import write_kv_cache_pallas, write_kv_cache_xla  # noqa: E402
 from jaxllm.kernels.triton_attention import default_config, ragged_paged_attention  # noqa: E402
 
@@ -163,9 +161,10 @@ def run_decode(batch, ctx, rng, quick):
         ks = cfg["k_splits"]
         for k in sorted({max(1, ks // 2), ks * 2} - {ks}):
             variants.append(dict(k_splits=k))
+    mds = [PagedAttentionMetadata(kv_lens=lens, block_tables=bt, cu_q_lens=cu, num_seqs=ns) for bt in tables]
     for var in variants:
         f = jax.jit(functools.partial(ragged_paged_attention, sm_scale=scale, **var))
-        t, err = try_bench(lambda bt, f=f: f(q, k_pages, v_pages, lens, bt, cu, ns), [(bt,) for bt in tables])
+        t, err = try_bench(lambda md, f=f: f(q, k_pages, v_pages, md), [(md,) for md in mds])
         ours[json.dumps(var, sort_keys=True)] = t if t is not None else err
     good = {k: v for k, v in ours.items() if isinstance(v, float)}
     row["ours_default_s"] = ours.get("{}") if isinstance(ours.get("{}"), float) else None
@@ -209,9 +208,9 @@ def run_decode(batch, ctx, rng, quick):
 
 
 def prefill_problem(batch, length):
-    """`batch` whole prompts of `length` tokens: the paged kernel's arguments (q, k_pages, v_pages, kv_lens,
-    block_tables, cu_q_lens, num_seqs) over permuted pages, and the same q/K/V contiguous per sequence
-    ([B, L, H, D]) for cuDNN and XLA: token l of sequence b is row l % PS of page block_tables[b, l // PS]."""
+    """`batch` whole prompts of `length` tokens: the paged kernel's arguments (q, k_pages, v_pages, md) over
+    permuted pages, and the same q/K/V contiguous per sequence ([B, L, H, D]) for cuDNN and XLA: token l
+    of sequence b is row l % PS of page block_tables[b, l // PS]."""
     q = jax.random.normal(jax.random.key(1), (batch * length, HQ, D), DT)
     pages_per_seq = length // PS
     pool = batch * pages_per_seq
@@ -223,12 +222,12 @@ def prefill_problem(batch, length):
     ns = jnp.asarray([batch], jnp.int32)
     kb = k_pages[:, bt_np].reshape(HKV, batch, length, D).transpose(1, 2, 0, 3)
     vb = v_pages[:, bt_np].reshape(HKV, batch, length, D).transpose(1, 2, 0, 3)
-    paged = (q, k_pages, v_pages, lens, jnp.asarray(bt_np), cu, ns)
-    return paged, (q.reshape(batch, length, HQ, D), kb, vb)
+    md = PagedAttentionMetadata(kv_lens=lens, block_tables=jnp.asarray(bt_np), cu_q_lens=cu, num_seqs=ns)
+    return (q, k_pages, v_pages, md), (q.reshape(batch, length, HQ, D), kb, vb)
 
 
 def run_prefill(batch, length, quick):
-    (q, k_pages, v_pages, lens, bt, cu, ns), (qb, kb, vb) = prefill_problem(batch, length)
+    paged, (qb, kb, vb) = prefill_problem(batch, length)
     flops = 4 * batch * HQ * D * length * length / 2
     scale = D**-0.5
     row = dict(batch=batch, length=length, flops=flops)
@@ -247,7 +246,7 @@ def run_prefill(batch, length, quick):
     ours = {}
     for var in variants:
         f = jax.jit(functools.partial(ragged_paged_attention, sm_scale=scale, **var))
-        t, err = try_bench(lambda f=f: f(q, k_pages, v_pages, lens, bt, cu, ns), [()])
+        t, err = try_bench(lambda f=f: f(*paged), [()])
         ours[json.dumps(var, sort_keys=True)] = t if t is not None else err
     good = {k: v for k, v in ours.items() if isinstance(v, float)}
     row["ours_default_s"] = ours.get("{}") if isinstance(ours.get("{}"), float) else None

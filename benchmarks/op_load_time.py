@@ -17,6 +17,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from jaxllm.kernels.metadata import PagedAttentionMetadata
+
 SHAPES = [(256, 256), (1024, 1024), (2048, 256), (8192, 1024)]  # (T, S) buckets; tables 64 pages wide
 
 
@@ -24,15 +26,13 @@ def op_args(t: int, s: int, b: int = 64):
     sds = jax.ShapeDtypeStruct
     q = sds((t, 32, 128), jnp.bfloat16)  # Llama-3.1-8B heads, page 16
     kv = sds((8, 8192, 16, 128), jnp.bfloat16)
-    return (
-        q,
-        kv,
-        kv,
-        sds((s,), jnp.int32),
-        sds((s, b), jnp.int32),
-        sds((s + 1,), jnp.int32),
-        sds((1,), jnp.int32),
+    md = PagedAttentionMetadata(
+        kv_lens=sds((s,), jnp.int32),
+        block_tables=sds((s, b), jnp.int32),
+        cu_q_lens=sds((s + 1,), jnp.int32),
+        num_seqs=sds((1,), jnp.int32),
     )
+    return q, kv, kv, md
 
 
 def main(cache_dir: str) -> list[dict]:

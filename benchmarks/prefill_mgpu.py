@@ -12,7 +12,7 @@ reference (2 sequences, context before the chunk, pages not aligned). A kernel t
 compile is recorded (its traceback goes to the log) and the run goes on. Results are written to --out
 after every measurement, so a run cut short still leaves what it measured.
 
-  PYTHONUNBUFFERED=1 python3 benchmarks/prefill_mgpu.py --out $OUT/prefill_mgpu.json 2>&1 | tee $OUT/prefill_mgpu.log
+  PYTHONUNBUFFERED=1 python -m benchmarks.prefill_mgpu --out $OUT/prefill_mgpu.json 2>&1 | tee $OUT/prefill_mgpu.log
 
 The default configuration of each shape runs first (cuDNN, Triton, Mosaic aligned and padded), then the
 sweep until --budget-s (75 s) has passed; about 2 minutes in all if a Mosaic compile takes ~5 s. A step
@@ -27,7 +27,6 @@ import dataclasses
 import datetime
 import json
 import os
-import sys
 import threading
 import time
 import traceback
@@ -36,12 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
-
 from benchmarks.kernels import DT, HKV, HQ, PS, D, prefill_problem, time_calls  # noqa: E402
+from jaxllm.kernels.metadata import PagedAttentionMetadata  # noqa: E402
 from jaxllm.kernels.mosaic_prefill import MgpuConfig, prefill_paged_attention_mgpu  # noqa: E402
 from jaxllm.kernels.reference import ref_ragged_paged_attention  # noqa: E402
 from jaxllm.kernels.triton_attention import ragged_paged_attention  # noqa: E402
+from jaxllm.testing.kernel_cases import rel_err  # noqa: E402
 
 SHAPES = ((4, 2048), (1, 8192))
 # Sweep after the default MgpuConfig(): one CTA per unit (not persistent); 64-token blocks 3 deep;
@@ -54,12 +53,6 @@ SWEEP = (
     MgpuConfig(pv_mode="smem"),
 )
 MAX_REL_ERR = 2e-2  # bf16
-
-
-def rel_err(out, ref) -> float:
-    out = np.asarray(out, np.float32)
-    ref = np.asarray(ref, np.float32)
-    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def config_name(cfg: MgpuConfig | None) -> str:
@@ -87,14 +80,17 @@ def small_reference_check(cfg: MgpuConfig | None) -> float:
     v = rng.standard_normal((HKV, pool, PS, D)).astype(np.float32)
     for s, kl in enumerate(kv_lens):  # garbage past kv_len in the last page must not leak
         v[:, bt[s, pages[s] - 1], kl - (pages[s] - 1) * PS :] = np.nan
+    md = PagedAttentionMetadata(
+        kv_lens=jnp.asarray(kv_lens, jnp.int32),
+        block_tables=jnp.asarray(bt),
+        cu_q_lens=jnp.asarray([0, q_lens[0], sum(q_lens)], jnp.int32),
+        num_seqs=jnp.asarray([2], jnp.int32),
+    )
     args = (
         jnp.asarray(rng.standard_normal((sum(q_lens), HQ, D)), DT),
         jnp.asarray(k, DT),
         jnp.asarray(v, DT),
-        jnp.asarray(kv_lens, jnp.int32),
-        jnp.asarray(bt),
-        jnp.asarray([0, q_lens[0], sum(q_lens)], jnp.int32),
-        jnp.asarray([2], jnp.int32),
+        md,
     )
     ref = ref_ragged_paged_attention(*args, sm_scale=D**-0.5)
     out = prefill_paged_attention_mgpu(*args, sm_scale=D**-0.5, q_tile_aligned=True, config=cfg)

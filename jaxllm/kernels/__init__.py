@@ -1,7 +1,28 @@
-"""Pallas ops for paged attention on NVIDIA GPUs, each with a plain-jnp reference.
+"""Pallas ops for paged attention on NVIDIA GPUs, each with a plain-jnp reference. Imports only jax and numpy.
 
-Imports only jax and numpy. Shapes (dimension letters):
+Every attention op has the reference's contract (reference.py) and signature:
+`(q, k_pages, v_pages, md, *, sm_scale, ...)`, md a PagedAttentionMetadata (metadata.py). The attention
+layer writes the step's K/V into the paged cache first (ops.write_kv_cache), then attends.
+
+  ops.py              the public GPU ops the attention layer calls
+  reference.py        the plain-jnp reference (the CPU backend; what every kernel is tested against)
+  metadata.py         the batch description (one pytree) and the input checks every op shares
+  ragged_batch.py     decode-like batches, row owners, the grouped query layout launches share
+  triton_attention.py the Triton-lowered kernel: any CUDA GPU, any batch
+  triton_schedule.py  its work items (query rows of one sequence per program)
+  hopper_dispatch.py  on sm_90, routes each row to the fastest kernel (Mosaic or Triton), one output
+  mosaic_decode.py    persistent Mosaic GPU kernel for decode rows (one row per unit)
+  mosaic_prefill.py   persistent Mosaic GPU kernel for long prefill chunks (128-row tiles)
+  mosaic_schedule.py  the prefill kernel's tiles, work items and config
+  mosaic_common.py    what both Mosaic kernels share: KV ring, online softmax, unit schedule, launch
+  kv_write_pallas.py  the KV-cache write kernel; kv_write_xla.py its XLA-scatter twin and reference
+
+Shapes (dimension letters):
   T  tokens in the flattened (ragged) batch      S  sequences (padded bucket)
   Hq query heads   Hkv key/value heads   D head dim   P pages in the pool   PS page size (tokens)
-  B  pages per sequence in the block table
+  B  pages per sequence in the block table       G  query heads per KV head (Gp: padded)
 """
+
+from jaxllm.kernels.metadata import PagedAttentionMetadata
+
+__all__ = ["PagedAttentionMetadata"]

@@ -3,12 +3,12 @@
 Grid (Hkv, cdiv(T, block_t)). Program (h, i) loads block_t rows of head h of k and v and stores each
 row to slot_mapping[row] of the head's pages, viewed as [P * PS, D]. k and v may be wider than the cache
 (`k_head`, `v_head`: cache head h takes k[:, k_head + h] and v[:, v_head + h]), so one fused q|k|v array
-[T, Hq + 2 Hkv, D] serves as both, read in place: no kernel has to cut k and v out of it first. The page arrays are aliased
-input -> output (input_output_aliases), so under jit with the cache donated nothing but the written
+[T, Hq + 2 Hkv, D] serves as both, read in place: no kernel has to cut k and v out of it first. The page
+arrays are aliased input -> output (input_output_aliases), so under jit with the cache donated nothing but the written
 rows is touched: no copy of the pool. Rows with slot < 0 (padding) are masked out of the store.
 
-`write_kv_cache` in gpu_ops picks between this kernel and XLA's in-place scatter by measurement
-(benchmarks/kernels.py, "kv_write" rows).
+ops.write_kv_cache is this kernel: it beats XLA's in-place scatter (kv_write_xla.py) at large row
+counts (benchmarks/kernels.py, "kv_write" rows).
 """
 
 from __future__ import annotations

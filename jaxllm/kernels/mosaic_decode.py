@@ -2,9 +2,10 @@
 
 Same contract as ref_ragged_paged_attention (no soft cap, no sliding window), built for decode-like
 batches: every query row is its own unit of work, so a row of a short chunk costs a whole pass over
-its context. For decode rows that is exactly the work; the Triton kernel in
-triton_attention.py loses bandwidth at short contexts because each of its programs fills a
-software pipeline for a few KV steps and then drains it.
+its context. For decode rows that is exactly the work. Why a second decode kernel next to the Triton
+one: each Triton program fills a software pipeline for a few KV steps and then drains it, which loses
+bandwidth at short contexts; here one CTA per SM streams the blocks of unit after unit without a break.
+The dispatcher (hopper_dispatch.py) sends large decode batches here.
 
 Data flow of one call:
   1. `decode_rows` (a few small XLA ops): for each row t of the flattened batch, its block-table row
@@ -13,33 +14,27 @@ Data flow of one call:
   2. q is viewed as [T, Hkv, R, D]: the query heads of one KV head (GQA group), padded with zero heads
      to R, a multiple of 8 (TMA moves whole 8-row tiles).
   3. A persistent grid of `num_ctas` CTAs (one per SM) deals the (row, KV head) units round by round
-     (rpa_mgpu_schedule.unit_schedule). A CTA has two warpgroups:
+     (mosaic_common.unit_schedule). A CTA has two warpgroups:
        - warpgroup 0 (compute) loads a unit's R query rows by TMA into a 64-row Q buffer (wgmma's M;
          the next unit's Q loads into the other buffer meanwhile) and walks the unit's KV blocks:
          S = Q K^T (wgmma, f32), online softmax in f32 (exp2, scale folded in), O += P V (wgmma).
          Rows past R hold stale values: rows never mix in these products, and only rows [0, R) are
          stored, by TMA, through the same buffer.
-       - warpgroup 1 (memory) streams the K and V blocks (block_kv tokens = block_kv / PS pages, one
-         TMA copy per page, page ids read from the block table in global memory) into a `stages`-deep
-         ring, running ahead across unit boundaries: the next unit's first pages load while the current
-         unit's last block is computed, so the stream does not stop between units.
+       - warpgroup 1 (memory) streams the K and V blocks (block_kv tokens = block_kv / PS pages) into a
+         `stages`-deep ring (mosaic_common.stream_kv_blocks), running ahead across unit boundaries.
 
 Garbage in the pool cannot leak: in the block holding the end of the context, scores past ctx are
-selected to -inf and the V rows past it are zeroed in shared memory before P V (0 * NaN would be
-NaN); pages past a row's last page are never read (their slots repeat its last page).
-
-Checked on the CPU: Mosaic GPU interpret mode against the jnp reference, and lowering for the "cuda"
-platform (tests/kernels/test_mosaic_decode.py). Speed against the Triton kernel: benchmarks/decode_mgpu.py.
+selected to -inf and the V rows past it are zeroed in shared memory before P V; pages past a row's last
+page are never read (their slots repeat its last page).
 
 Shapes (dimension letters as in jaxllm/kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
-[Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
+[Hkv, P, PS, D]; md: metadata.PagedAttentionMetadata of S sequences.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -47,12 +42,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxllm.kernels.mosaic_schedule import SMEM_LIMIT, cdiv, unit_schedule
-from jaxllm.kernels.reference import check_inputs
+from jaxllm.kernels import mosaic_common as mc
+from jaxllm.kernels.metadata import PagedAttentionMetadata
+from jaxllm.kernels.ragged_batch import owner
 
-_LOG2E = math.log2(math.e)
-_M_INIT = -1e30  # finite: exp2(-inf - _M_INIT) == 0
-BLOCK_Q = 64  # rows of the Q tile: wgmma's M for one warpgroup
+BLOCK_Q = mc.WGMMA_ROWS  # rows of the Q tile: one warpgroup's wgmma M
 SEQ, CTX = range(2)  # rows of the per-row table
 
 
@@ -68,14 +62,7 @@ class DecodeMgpuConfig:
     pv_mode: str = "regs"
 
     def __post_init__(self):
-        if self.block_kv % 64 or not 64 <= self.block_kv <= 256:
-            raise ValueError(f"block_kv={self.block_kv} must be 64, 128, 192 or 256")
-        if self.stages < 2:
-            raise ValueError(f"stages={self.stages} must be >= 2")
-        if self.num_ctas is not None and self.num_ctas < 1:
-            raise ValueError(f"num_ctas={self.num_ctas} must be >= 1 or None")
-        if self.pv_mode not in ("regs", "smem"):
-            raise ValueError(f"pv_mode={self.pv_mode!r} must be 'regs' or 'smem'")
+        mc.check_ring(self.block_kv, self.stages, self.num_ctas, self.pv_mode)
 
     def smem_bytes(self, d: int, itemsize: int) -> int:
         p_tile = BLOCK_Q * self.block_kv if self.pv_mode == "smem" else 0
@@ -84,19 +71,18 @@ class DecodeMgpuConfig:
 
 def group_rows(hq: int, hkv: int) -> int:
     """R: the query heads of one KV head, rounded up to whole 8-row TMA tiles."""
-    return cdiv(hq // hkv, 8) * 8
+    return mc.cdiv(hq // hkv, 8) * 8
 
 
-def decode_rows(kv_lens, cu_q_lens, num_seqs, num_tokens: int, *, only_decode: bool = False):
+def decode_rows(md: PagedAttentionMetadata, num_tokens: int, *, only_decode: bool = False):
     """i32[2, T]: per row, its block-table row (SEQ) and the keys it sees (CTX: position + 1; 0 for
     padding rows, and with only_decode for rows of sequences with more than one query row, which
-    another kernel takes). The owner of row t is the number of sequences ending at or before it: a
-    vectorised compare, not searchsorted (whose binary search is a while loop: a host round trip on
-    the GPU)."""
+    another kernel takes)."""
+    kv_lens, cu_q_lens = md.kv_lens, md.cu_q_lens
     s = kv_lens.shape[0]
-    n = jnp.clip(num_seqs[0], 0, s)
+    n = jnp.clip(md.num_seqs[0], 0, s)
     rows = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.sum(cu_q_lens[1:][None, :] <= rows[:, None], axis=1, dtype=jnp.int32)
+    seq = owner(cu_q_lens[1:], rows)
     valid = (seq < n) & (rows < cu_q_lens[n])
     seq = jnp.minimum(seq, s - 1)
     start, end = cu_q_lens[seq], cu_q_lens[seq + 1]
@@ -132,14 +118,11 @@ def _kernel(
     grid: int,
 ):
     bk, stages = cfg.block_kv, cfg.stages
-    ps = k_ref.shape[2]
     d = q_ref.shape[3]
     r = q_ref.shape[2]
-    ppb = bk // ps
-    b = bt_ref.shape[1]
     dtype = q_ref.dtype
     wg = lax.axis_index("wg")
-    my_units, unit_of = unit_schedule(lax.axis_index("p"), num_units, grid)
+    my_units, unit_of = mc.unit_schedule(lax.axis_index("p"), num_units, grid)
 
     def unit(k):
         u = unit_of(k)
@@ -148,7 +131,7 @@ def _kernel(
 
     @pl.when(wg == 0)
     def _compute():
-        scale = sm_scale * _LOG2E  # scores in log2 units: p = exp2(s * scale - m)
+        scale = sm_scale * mc.LOG2E  # scores in log2 units: p = exp2(s * scale - m)
 
         def load_q(k, buf):
             row, head, _, _ = unit(k)
@@ -166,59 +149,31 @@ def _kernel(
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 load_q(k + 1, 1 - buf)
 
-            n_blocks = cdiv(ctx, bk)
+            n_blocks = mc.cdiv(ctx, bk)
             n_full = ctx // bk
             plgpu.barrier_wait(q_bar.at[buf])
-            acc = plgpu.layout_cast(jnp.zeros((BLOCK_Q, d), jnp.float32), plgpu.Layout.WGMMA)
-            m_i = plgpu.layout_cast(jnp.full((BLOCK_Q,), _M_INIT, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            l_i = plgpu.layout_cast(jnp.zeros((BLOCK_Q,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
 
             def step(i, carry, masked: bool):
                 acc, m_i, l_i = carry
                 slot = lax.rem(g0 + i, stages)
                 plgpu.barrier_wait(k_full.at[slot])
-
-                def qk(s_ref):
-                    plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    return s_ref[...]
-
-                s = pl.run_scoped(qk, plgpu.ACC((BLOCK_Q, bk), jnp.float32))
+                s = mc.score_tile(qo, k_smem.at[slot], bk)
                 plgpu.barrier_arrive(k_free.at[slot])
                 if masked:
                     col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_Q, bk), 1, layout=plgpu.Layout.WGMMA)
                     s = jnp.where(col + i * bk < ctx, s, -jnp.inf)
-                m_new = jnp.maximum(m_i, s.max(axis=1) * scale)
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s * scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                l_i = l_i * alpha + p.sum(axis=1)
-                p16 = p.astype(dtype)
+                acc, m_new, l_i, p16 = mc.softmax_update(s, acc, m_i, l_i, scale, dtype)
                 plgpu.barrier_wait(v_full.at[slot])
                 if masked:  # the block holding the end of the context: V rows past it may be NaN
-                    _zero_v_tail(v_smem.at[slot], ctx - i * bk)
-                if cfg.pv_mode == "regs":
-
-                    def pv(acc_ref):
-                        plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
-
-                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                else:
-                    p_smem[...] = p16
-                    plgpu.commit_smem()
-
-                    def pv(o_acc):
-                        plgpu.wgmma(o_acc, p_smem, v_smem.at[slot])
-                        return o_acc[...]
-
-                    acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK_Q, d), jnp.float32))
+                    mc.zero_v_tail(v_smem.at[slot], ctx - i * bk)
+                acc = mc.accumulate_pv(acc, p16, v_smem.at[slot], pv_mode=cfg.pv_mode, p_buf=p_smem)
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_new, l_i
 
-            carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), (acc, m_i, l_i))
-            acc, m_i, l_i = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), carry)
-            out = acc / lax.broadcast_in_dim(jnp.where(l_i == 0.0, 1.0, l_i), acc.shape, [0])
-            qo[...] = out.astype(dtype)
-            plgpu.commit_smem()
+            carry = mc.init_softmax_state(BLOCK_Q, d)
+            carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
+            acc, _, l_i = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), carry)
+            mc.write_output(acc, l_i, qo, dtype)
             plgpu.copy_smem_to_gmem(qo.at[pl.ds(0, r)], o_ref.at[row, head])
             return g0 + n_blocks
 
@@ -227,125 +182,74 @@ def _kernel(
 
     @pl.when(wg == 1)
     def _memory():
-        def fill(g, slot, pages, head, src, dst, full, free):
-            pl.when(g >= stages)(functools.partial(plgpu.barrier_wait, free.at[slot]))
-            for j, page in enumerate(pages):
-                plgpu.copy_gmem_to_smem(src.at[head, page], dst.at[slot, pl.ds(j * ps, ps)], full.at[slot])
-
-        def do_unit(k, g0):
+        def unit_blocks(k):
             _, head, seq, ctx = unit(k)
-            n_blocks = cdiv(ctx, bk)
-            last_page = jnp.maximum(cdiv(ctx, ps) - 1, 0)
+            return seq, head, ctx, mc.cdiv(ctx, bk)
 
-            @pl.loop(0, n_blocks)
-            def _(i):
-                g = g0 + i
-                slot = lax.rem(g, stages)
-                # Page ids first: their global loads overlap the wait for the slot. Pages past the
-                # row's last one repeat it (masked anyway) rather than read unlisted pages.
-                pages = [
-                    bt_ref[seq, jnp.minimum(jnp.minimum(i * ppb + j, last_page), b - 1)] for j in range(ppb)
-                ]
-                fill(g, slot, pages, head, k_ref, k_smem, k_full, k_free)
-                fill(g, slot, pages, head, v_ref, v_smem, v_full, v_free)
-
-            return g0 + n_blocks
-
-        total = lax.fori_loop(0, my_units, do_unit, jnp.int32(0))
-
-        # Observe the releases of the last blocks too (every barrier phase is waited for once).
-        @pl.loop(jnp.maximum(total - stages, 0), total)
-        def _(g):
-            plgpu.barrier_wait(k_free.at[lax.rem(g, stages)])
-            plgpu.barrier_wait(v_free.at[lax.rem(g, stages)])
+        mc.stream_kv_blocks(
+            my_units, unit_blocks, bt_ref=bt_ref, k_ref=k_ref, v_ref=v_ref, k_smem=k_smem, v_smem=v_smem,
+            k_full=k_full, v_full=v_full, k_free=k_free, v_free=v_free, block_kv=bk, stages=stages,
+        )  # fmt: skip
 
 
-def _zero_v_tail(v_slot, keep):
-    """Zeroes rows >= keep of a [block_kv, D] V slot, 64 rows at a time, and makes the stores visible
-    to wgmma (the async proxy)."""
-    bk = v_slot.shape[0]
-    for r0 in range(0, bk, BLOCK_Q):
-        part = v_slot.at[pl.ds(r0, BLOCK_Q)]
-        v = plgpu.load(part, layout=plgpu.Layout.WGMMA)
-        row = plgpu.broadcasted_iota(jnp.int32, v.shape, 0, layout=plgpu.Layout.WGMMA) + r0
-        part[...] = jnp.where(row < keep, v, jnp.zeros_like(v))
-    plgpu.commit_smem()
-
-
-def _num_sms() -> int:
-    return getattr(jax.devices()[0], "core_count", None) or 132  # 132: H100/H200 SXM (also off-GPU)
-
-
-def _interpret_params(interpret):
-    if isinstance(interpret, plgpu.InterpretGPUParams):
-        return interpret
-    return plgpu.InterpretGPUParams() if interpret else None
-
-
-def validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg: DecodeMgpuConfig):
-    check_inputs(
-        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, dtypes=(jnp.bfloat16, jnp.float16)
-    )
-    hq, d = q.shape[1:]
-    hkv, _, ps, _ = k_pages.shape
-    if ps < 8 or cfg.block_kv % ps:
-        raise ValueError(f"page_size={ps} must be a power of two >= 8 dividing block_kv={cfg.block_kv}")
+def check_decode_inputs(q, k_pages, v_pages, md: PagedAttentionMetadata, cfg: DecodeMgpuConfig) -> None:
+    mc.check_mosaic_inputs(q, k_pages, v_pages, md, cfg)
+    hq, hkv = q.shape[1], k_pages.shape[0]
     if group_rows(hq, hkv) > BLOCK_Q:
         raise ValueError(f"{hq // hkv} query heads per KV head: at most {BLOCK_Q} fit one Q tile")
-    if (need := cfg.smem_bytes(d, q.dtype.itemsize)) > SMEM_LIMIT:
-        raise ValueError(f"{cfg} needs {need} bytes of shared memory at head_dim={d}; at most {SMEM_LIMIT}")
 
 
-def decode_launch(qg, k_pages, v_pages, rows, block_tables, *, sm_scale, config, interpret):
-    """The kernel on q in group layout: qg [Tq, Hkv, R, D] (R a multiple of 8), rows = decode_rows(...)
-    over the Tq rows. Returns [Tq, Hkv, R, D]; a row with CTX 0 comes out zero."""
+def decode_launch(
+    qg,  # [Tq, Hkv, R, D], R a multiple of 8
+    k_pages,  # [Hkv, P, PS, D]
+    v_pages,  # [Hkv, P, PS, D]
+    rows,  # i32[2, Tq]: decode_rows(...) over the Tq rows
+    block_tables,  # i32[S, B]
+    *,
+    sm_scale,
+    config,
+    interpret,
+):
+    """The kernel on q in group layout. Returns [Tq, Hkv, R, D]; a row with CTX 0 comes out zero."""
     cfg = config
     tq, hkv, _, d = qg.shape
-    tiling = plgpu.TilingTransform((8, 128 // qg.dtype.itemsize))
-    swizzle = plgpu.SwizzleTransform(128)
-    smem = lambda *shape: plgpu.SMEM(shape, qg.dtype, transforms=(tiling, swizzle))
+    smem = mc.smem_tiles(qg.dtype)
     ppb = cfg.block_kv // k_pages.shape[2]
     scratch = [
         smem(2, BLOCK_Q, d),  # q_smem
         smem(cfg.stages, cfg.block_kv, d),  # k_smem
         smem(cfg.stages, cfg.block_kv, d),  # v_smem
         plgpu.Barrier(num_barriers=2),  # q_bar
-        plgpu.Barrier(num_arrivals=ppb, num_barriers=cfg.stages),  # k_full
-        plgpu.Barrier(num_arrivals=ppb, num_barriers=cfg.stages),  # v_full
-        plgpu.Barrier(num_arrivals=1, num_barriers=cfg.stages),  # k_free
-        plgpu.Barrier(num_arrivals=1, num_barriers=cfg.stages),  # v_free
+        *mc.kv_ring_barriers(ppb, cfg.stages, releases=1),  # k_full, v_full, k_free, v_free
         smem(BLOCK_Q, cfg.block_kv) if cfg.pv_mode == "smem" else None,  # p_smem
     ]
     num_units = tq * hkv
-    grid = min(cfg.num_ctas or _num_sms(), num_units)
+    grid = min(cfg.num_ctas or mc.num_sms(), num_units)
     kernel = functools.partial(
         _kernel, cfg=cfg, sm_scale=float(sm_scale), num_kv_heads=hkv, num_units=num_units, grid=grid
     )
-    return plgpu.kernel(
+    return mc.launch(
         kernel,
         out_type=jax.ShapeDtypeStruct(qg.shape, qg.dtype),
-        scratch_types=scratch,
-        grid=(grid,),
-        grid_names=("p",),
+        scratch=scratch,
+        grid=grid,
         num_threads=2,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=_interpret_params(interpret),
-        kernel_name=f"decode_paged_attention_mgpu_bkv{cfg.block_kv}_st{cfg.stages}",
+        interpret=interpret,
+        name=f"decode_paged_attention_mgpu_bkv{cfg.block_kv}_st{cfg.stages}",
     )(rows, block_tables, qg, k_pages, v_pages)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "config", "interpret"))
-def _decode(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale, config, interpret):
+def _decode(q, k_pages, v_pages, md, *, sm_scale, config, interpret):
     t, hq, d = q.shape
     hkv = k_pages.shape[0]
     g, r = hq // hkv, group_rows(hq, hkv)
     qg = q.reshape(t, hkv, g, d)
     if r != g:
         qg = jnp.pad(qg, ((0, 0), (0, 0), (0, r - g), (0, 0)))
-    rows = decode_rows(kv_lens, cu_q_lens, num_seqs, t)
+    rows = decode_rows(md, t)
     out = decode_launch(
-        qg, k_pages, v_pages, rows, block_tables, sm_scale=sm_scale, config=config, interpret=interpret
+        qg, k_pages, v_pages, rows, md.block_tables, sm_scale=sm_scale, config=config, interpret=interpret
     )
     return out[:, :, :g].reshape(t, hq, d)
 
@@ -354,10 +258,7 @@ def decode_paged_attention_mgpu(
     q,  # [T, Hq, D]
     k_pages,  # [Hkv, P, PS, D]
     v_pages,  # [Hkv, P, PS, D]
-    kv_lens,  # i32[S]
-    block_tables,  # i32[S, B]
-    cu_q_lens,  # i32[S + 1]
-    num_seqs,  # i32[1]
+    md: PagedAttentionMetadata,
     *,
     sm_scale: float,
     config: DecodeMgpuConfig | None = None,
@@ -371,21 +272,13 @@ def decode_paged_attention_mgpu(
     so a chunk of n rows costs n passes over it).
 
     Preconditions (not checked under jit): 0 <= cu_q_lens[s] <= cu_q_lens[s + 1] <= T for the real
-    sequences; block_tables[s] lists at least cdiv(kv_lens[s], PS) valid page ids; page ids past that
+    sequences; block_tables[s] lists at least mc.cdiv(kv_lens[s], PS) valid page ids; page ids past that
     are never read. Supported: bf16/fp16, head_dim 64/128/256 (256 needs a smaller ring: stages * block_kv
     <= 128), page size a power of two >= 8 dividing block_kv, up to 64 query heads per KV head. The
     kernel needs an sm_90 GPU; interpret=True (or an InterpretGPUParams) runs it in Mosaic GPU
     interpret mode on the CPU, with pv_mode "smem" (slow; for tests).
     """
-    cfg = DecodeMgpuConfig() if config is None else config
-    if interpret:
-        cfg = dataclasses.replace(cfg, pv_mode="smem")
-    validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg)
-    if interpret:
-        # As in ragged_paged_attention_mgpu: with ready inputs the XLA CPU computation runs on this
-        # thread and the interpreted warpgroups on threads of their own (no starved callback pool).
-        jax.block_until_ready((q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs))
-    return _decode(
-        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
-        sm_scale=float(sm_scale), config=cfg, interpret=interpret,
-    )  # fmt: skip
+    cfg = mc.for_interpret(DecodeMgpuConfig() if config is None else config, interpret)
+    check_decode_inputs(q, k_pages, v_pages, md, cfg)
+    mc.wait_for_inputs(interpret, (q, k_pages, v_pages, md))
+    return _decode(q, k_pages, v_pages, md, sm_scale=float(sm_scale), config=cfg, interpret=interpret)

@@ -1,7 +1,9 @@
 """Causal prefill attention over the paged KV cache as a Mosaic GPU kernel (Hopper: wgmma, TMA, mbarriers).
 
-Same contract as ref_ragged_paged_attention (no soft cap, no sliding window); built for prefill chunks,
-where the Triton kernel stays at about half of cuDNN's TFLOP/s.
+Same contract as ref_ragged_paged_attention (no soft cap, no sliding window); built for long prefill
+chunks, which are compute-bound: the Triton kernel's mma tiles stay far below cuDNN there, while two
+warpgroups taking turns on wgmma, fed by TMA, come close to it. The dispatcher (hopper_dispatch.py)
+sends long chunks here.
 
 Data flow of one call:
   1. `work_items` (a few small XLA ops) cuts the flattened batch into work items of TILE = 2 * block_q
@@ -11,7 +13,8 @@ Data flow of one call:
      shared memory needs tile rows that start at multiples of 8), and the output is gathered back.
      Items are ranked longest causal length first.
   2. A persistent grid of `num_ctas` CTAs (one per SM) shares the (item, q head) units: round r of the
-     ranked units goes to the CTAs in snake order, which balances their causal work. A CTA has three
+     ranked units goes to the CTAs in snake order (mosaic_common.unit_schedule), which balances their
+     causal work. A CTA has three
      warpgroups:
        - warpgroups 0 and 1 (compute) each own block_q rows of the tile. Each loads its Q rows by TMA
          (the next unit's Q already while it works on this one), then walks the KV blocks its last row
@@ -21,11 +24,9 @@ Data flow of one call:
          warpgroups take turns on the tensor cores, so one's softmax overlaps the other's matmuls.
          Each normalises its rows and writes them back through its Q buffer by TMA.
        - warpgroup 2 (memory) streams K/V blocks of block_kv tokens into a `stages`-deep ring of
-         shared-memory slots, running ahead across unit boundaries. A block is block_kv / page_size
-         pages scattered in the pool: each page is its own TMA copy (page id read from the block table
-         in global memory), all copies of a block arrive on one barrier. A slot is refilled once both
-         compute warpgroups have released it (warpgroup 0 releases the blocks past its causal limit
-         without computing on them).
+         shared-memory slots, running ahead across unit boundaries (mosaic_common.stream_kv_blocks).
+         A slot is refilled once both compute warpgroups have released it (warpgroup 0 releases the
+         blocks past its causal limit without computing on them).
 
 Garbage in the pool cannot leak: scores outside [0, kv_len) and above the diagonal are *selected* to
 -inf, the running max starts finite (so a row that sees nothing yields p = 0, never NaN), and in the
@@ -33,19 +34,13 @@ block that holds kv_len warpgroup 1 zeroes the V rows at and past kv_len in shar
 warpgroup's P V (0 * NaN would be NaN). Pages past a sequence's last page are never read: their slots
 repeat its last page.
 
-Checked on the CPU: Mosaic GPU interpret mode against the jnp reference (with its race detector and its
-check that every barrier phase is observed), and lowering for the "cuda" platform of the compiled
-forms (tests/kernels/test_mosaic_prefill.py). Speed against cuDNN and the Triton kernel: benchmarks/prefill_mgpu.py.
-
 Shapes (dimension letters as in jaxllm/kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
-[Hkv, P, PS, D]; kv_lens i32[S]; block_tables i32[S, B]; cu_q_lens i32[S + 1]; num_seqs i32[1].
+[Hkv, P, PS, D]; md: metadata.PagedAttentionMetadata of S sequences.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -54,25 +49,20 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jaxllm.kernels import mosaic_common as mc
+from jaxllm.kernels.metadata import PagedAttentionMetadata
 from jaxllm.kernels.mosaic_schedule import (
     COMPUTE_WGS,
     KV_LEN,
     POS0,
     SEQ,
-    SMEM_LIMIT,
     TILE,
     MgpuConfig,
     Unit,
-    cdiv,
     default_config,
     kv_steps,
-    unit_schedule,
     work_items,
 )
-from jaxllm.kernels.reference import check_inputs
-
-_LOG2E = math.log2(math.e)
-_M_INIT = -1e30  # finite: exp2(-inf - _M_INIT) == 0, so fully masked rows stay 0 instead of NaN
 
 
 def _kernel(
@@ -105,13 +95,10 @@ def _kernel(
     grid: int,
 ):
     bq, bk, stages = cfg.block_q, cfg.block_kv, cfg.stages
-    ps = k_ref.shape[2]
     d = q_ref.shape[2]
-    ppb = bk // ps
-    b = bt_ref.shape[1]
     dtype = q_ref.dtype
     wg = lax.axis_index("wg")
-    my_units, unit_of = unit_schedule(lax.axis_index("p"), num_units, grid)
+    my_units, unit_of = mc.unit_schedule(lax.axis_index("p"), num_units, grid)
 
     def unit(k) -> Unit:
         u = unit_of(k)
@@ -138,7 +125,8 @@ def _kernel(
     @pl.when(wg < COMPUTE_WGS)
     def _compute():
         plgpu.set_max_registers(cfg.compute_registers, action="increase")
-        scale = sm_scale * _LOG2E  # scores in log2 units: p = exp2(s * scale - m)
+        p_mine = None if p_smem is None else p_smem.at[wg]  # this warpgroup's P (pv_mode "smem")
+        scale = sm_scale * mc.LOG2E  # scores in log2 units: p = exp2(s * scale - m)
 
         def load_q(k, buf):
             un = unit(k)
@@ -167,9 +155,7 @@ def _kernel(
             pos_first = un.pos0 + wg * bq
             n_me, full_me = kv_steps(un.kv_len, pos_first, bq, bk)
             plgpu.barrier_wait(q_bar.at[cfg.q_buffers * wg + buf])
-            acc = plgpu.layout_cast(jnp.zeros((bq, d), jnp.float32), plgpu.Layout.WGMMA)
-            m_i = plgpu.layout_cast(jnp.full((bq,), _M_INIT, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            l_i = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            state = mc.init_softmax_state(bq, d)
 
             # Warpgroup 1 starts one turn behind warpgroup 0 (and warpgroup 0 ends with the spare turn).
             pl.when(wg == 1)(take_turn)
@@ -178,13 +164,7 @@ def _kernel(
                 acc, m_i, l_i = carry
                 slot = lax.rem(g0 + i, stages)
                 plgpu.barrier_wait(k_full.at[slot])
-
-                def qk(s_ref):
-                    plgpu.wgmma(s_ref, qo, k_smem.at[slot].transpose((1, 0)))
-                    take_turn()
-                    return s_ref[...]
-
-                s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+                s = mc.score_tile(qo, k_smem.at[slot], bk, after_issue=take_turn)
                 plgpu.barrier_arrive(k_free.at[slot])
                 if masked:
                     row = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
@@ -192,12 +172,7 @@ def _kernel(
                     kv_pos = col + i * bk
                     visible = (kv_pos <= row + pos_first) & (kv_pos < un.kv_len)
                     s = jnp.where(visible, s, -jnp.inf)
-                m_new = jnp.maximum(m_i, s.max(axis=1) * scale)
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s * scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                l_i = l_i * alpha + p.sum(axis=1)
-                p16 = p.astype(dtype)
+                acc, m_new, l_i, p16 = mc.softmax_update(s, acc, m_i, l_i, scale, dtype)
                 acc, l_i, m_new, p16 = lax.optimization_barrier((acc, l_i, m_new, p16))
                 if cfg.schedule_barrier:
                     plgpu.barrier_arrive(turn_bar.at[0])
@@ -207,34 +182,18 @@ def _kernel(
                     # does) zeroes V rows past kv_len; warpgroup 0 waits for that. Once per unit.
                     keep = un.kv_len - i * bk
                     pl.when((keep < bk) & (wg == 1))(
-                        lambda: _zero_v_tail(v_smem.at[slot], keep, v_fixed.at[slot], bq)
+                        lambda: _fix_v_tail(v_smem.at[slot], keep, v_fixed.at[slot])
                     )
                     pl.when((keep < bk) & (wg == 0))(lambda: plgpu.barrier_wait(v_fixed.at[slot]))
                 if cfg.schedule_barrier:
                     plgpu.barrier_wait(turn_bar.at[0])
 
-                if cfg.pv_mode == "regs":
-                    # P straight from registers; O accumulates in the wgmma accumulator itself.
-                    def pv(acc_ref):
-                        plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
-
-                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                else:
-                    p_mine = p_smem.at[wg]
-                    p_mine[...] = p16
-                    plgpu.commit_smem()
-
-                    def pv(o_acc):
-                        plgpu.wgmma(o_acc, p_mine, v_smem.at[slot])
-                        return o_acc[...]
-
-                    acc = acc + pl.run_scoped(pv, plgpu.ACC((bq, d), jnp.float32))
+                acc = mc.accumulate_pv(acc, p16, v_smem.at[slot], pv_mode=cfg.pv_mode, p_buf=p_mine)
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_new, l_i
 
-            carry = (acc, m_i, l_i)
-            carry = lax.fori_loop(0, full_me, functools.partial(step, masked=False), carry)
-            acc, m_i, l_i = lax.fori_loop(full_me, n_me, functools.partial(step, masked=True), carry)
+            carry = lax.fori_loop(0, full_me, functools.partial(step, masked=False), state)
+            acc, _, l_i = lax.fori_loop(full_me, n_me, functools.partial(step, masked=True), carry)
 
             # Blocks only warpgroup 1 visits: keep taking (empty) turns so it is never left waiting,
             # and wait for / release every block like warpgroup 1, so both arrive on every "free"
@@ -253,9 +212,7 @@ def _kernel(
 
             pl.when(wg == 0)(take_turn)
 
-            out = acc / lax.broadcast_in_dim(jnp.where(l_i == 0.0, 1.0, l_i), acc.shape, [0])
-            qo[...] = out.astype(dtype)
-            plgpu.commit_smem()
+            mc.write_output(acc, l_i, qo, dtype)
             plgpu.copy_smem_to_gmem(qo, o_ref.at[pl.ds(un.row0 + wg * bq, bq), un.head])
             return g0 + un.n_cta
 
@@ -266,68 +223,27 @@ def _kernel(
     def _memory():
         plgpu.set_max_registers(cfg.memory_registers, action="decrease")
 
-        def fill(g, slot, pages, kv_head, src, dst, full, free):
-            pl.when(g >= stages)(functools.partial(plgpu.barrier_wait, free.at[slot]))
-            for j, page in enumerate(pages):
-                plgpu.copy_gmem_to_smem(src.at[kv_head, page], dst.at[slot, pl.ds(j * ps, ps)], full.at[slot])
-
-        def do_unit(k, g0):
+        def unit_blocks(k):
             un = unit(k)
-            kv_head = un.head // group
-            last_page = jnp.maximum(cdiv(un.kv_len, ps) - 1, 0)
+            return un.seq, un.head // group, un.kv_len, un.n_cta
 
-            @pl.loop(0, un.n_cta)
-            def _(i):
-                g = g0 + i
-                slot = lax.rem(g, stages)
-                # Page ids first: their global loads overlap the wait for the slot. Blocks past the
-                # sequence's last page repeat it (masked anyway) rather than read unlisted pages.
-                pages = [
-                    bt_ref[un.seq, jnp.minimum(jnp.minimum(i * ppb + j, last_page), b - 1)]
-                    for j in range(ppb)
-                ]
-                fill(g, slot, pages, kv_head, k_ref, k_smem, k_full, k_free)
-                fill(g, slot, pages, kv_head, v_ref, v_smem, v_full, v_free)
-
-            return g0 + un.n_cta
-
-        total = lax.fori_loop(0, my_units, do_unit, jnp.int32(0))
-
-        # Observe the releases of the last blocks too (every barrier phase is waited for once).
-        @pl.loop(jnp.maximum(total - stages, 0), total)
-        def _(g):
-            plgpu.barrier_wait(k_free.at[lax.rem(g, stages)])
-            plgpu.barrier_wait(v_free.at[lax.rem(g, stages)])
+        mc.stream_kv_blocks(
+            my_units, unit_blocks, bt_ref=bt_ref, k_ref=k_ref, v_ref=v_ref, k_smem=k_smem, v_smem=v_smem,
+            k_full=k_full, v_full=v_full, k_free=k_free, v_free=v_free, block_kv=bk, stages=stages,
+        )  # fmt: skip
 
 
-def _zero_v_tail(v_slot, keep, v_fixed, bq: int):
-    """Zeroes rows >= keep of a [block_kv, D] V slot (rows past kv_len may hold NaN garbage)."""
-    bk = v_slot.shape[0]
-    for r0 in range(0, bk, bq):
-        part = v_slot.at[pl.ds(r0, bq)]
-        v = plgpu.load(part, layout=plgpu.Layout.WGMMA)
-        row = plgpu.broadcasted_iota(jnp.int32, v.shape, 0, layout=plgpu.Layout.WGMMA) + r0
-        part[...] = jnp.where(row < keep, v, jnp.zeros_like(v))
-    plgpu.commit_smem()  # the generic-proxy stores become visible to wgmma (async proxy)
+def _fix_v_tail(v_slot, keep, v_fixed):
+    """Warpgroup 1 zeroes the V rows >= keep of the slot (past kv_len: maybe NaN) and tells warpgroup 0."""
+    mc.zero_v_tail(v_slot, keep)
     plgpu.barrier_arrive(v_fixed)
 
 
-def _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg: MgpuConfig):
-    check_inputs(
-        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, dtypes=(jnp.bfloat16, jnp.float16)
-    )
-    d, ps = q.shape[2], k_pages.shape[2]
-    if ps < 8 or cfg.block_kv % ps:
-        raise ValueError(f"page_size={ps} must be a power of two >= 8 dividing block_kv={cfg.block_kv}")
-    if (need := cfg.smem_bytes(d, q.dtype.itemsize)) > SMEM_LIMIT:
-        raise ValueError(f"{cfg} needs {need} bytes of shared memory at head_dim={d}; at most {SMEM_LIMIT}")
-
-
-def _check_aligned(cu_q_lens, num_seqs, tile: int):
+def _check_aligned(md: PagedAttentionMetadata, tile: int):
     """With concrete inputs, the q_tile_aligned precondition is checked here; under jit it cannot be."""
     try:
-        cu = np.asarray(cu_q_lens)
-        num_seqs = np.asarray(num_seqs)
+        cu = np.asarray(md.cu_q_lens)
+        num_seqs = np.asarray(md.num_seqs)
     except jax.errors.TracerArrayConversionError:
         return
     n = int(np.clip(num_seqs[0], 0, cu.shape[0] - 1))
@@ -340,62 +256,33 @@ def _check_aligned(cu_q_lens, num_seqs, tile: int):
         )
 
 
-def _num_sms() -> int:
-    return getattr(jax.devices()[0], "core_count", None) or 132  # 132: H100/H200 SXM (also off-GPU)
-
-
-def _interpret_params(interpret):
-    if isinstance(interpret, plgpu.InterpretGPUParams):
-        return interpret
-    return plgpu.InterpretGPUParams() if interpret else None
-
-
-@functools.partial(jax.jit, static_argnames=("sm_scale", "q_tile_aligned", "min_q_len", "config", "interpret"))
-def _prefill(
-    q,
-    k_pages,
-    v_pages,
-    kv_lens,
-    block_tables,
-    cu_q_lens,
-    num_seqs,
-    *,
-    sm_scale,
-    q_tile_aligned,
-    min_q_len,
-    config,
-    interpret,
-):
+@functools.partial(
+    jax.jit, static_argnames=("sm_scale", "q_tile_aligned", "min_q_len", "config", "interpret")
+)
+def _prefill(q, k_pages, v_pages, md, *, sm_scale, q_tile_aligned, min_q_len, config, interpret):
     cfg = config
     t, hq, d = q.shape
     hkv = k_pages.shape[0]
-    items = work_items(
-        kv_lens, cu_q_lens, num_seqs, num_tokens=t, cfg=cfg, aligned=q_tile_aligned, min_q_len=min_q_len
-    )
+    items = work_items(md, num_tokens=t, cfg=cfg, aligned=q_tile_aligned, min_q_len=min_q_len)
     if q_tile_aligned:
         # TMA views the rows in tiles of 8: the row count must be a multiple of it (a copy otherwise).
         q_in = q if t % cfg.tile == 0 else jnp.pad(q, ((0, -t % cfg.tile), (0, 0), (0, 0)))
     else:
         q_in = q[items.q_row]  # [W * TILE, Hq, D]
-    tiling = plgpu.TilingTransform((8, 128 // q.dtype.itemsize))
-    swizzle = plgpu.SwizzleTransform(128)
     ppb = cfg.block_kv // k_pages.shape[2]
-    smem = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=(tiling, swizzle))
+    smem = mc.smem_tiles(q.dtype)
     scratch = [
         smem(COMPUTE_WGS, cfg.q_buffers, cfg.block_q, d),  # q_smem
         smem(cfg.stages, cfg.block_kv, d),  # k_smem
         smem(cfg.stages, cfg.block_kv, d),  # v_smem
         plgpu.Barrier(num_barriers=cfg.q_buffers * COMPUTE_WGS),  # q_bar
-        plgpu.Barrier(num_arrivals=ppb, num_barriers=cfg.stages),  # k_full
-        plgpu.Barrier(num_arrivals=ppb, num_barriers=cfg.stages),  # v_full
-        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=cfg.stages),  # k_free
-        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=cfg.stages),  # v_free
+        *mc.kv_ring_barriers(ppb, cfg.stages, releases=COMPUTE_WGS),  # k_full, v_full, k_free, v_free
         plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=1),  # turn_bar
         plgpu.Barrier(num_barriers=cfg.stages),  # v_fixed
         smem(COMPUTE_WGS, cfg.block_q, cfg.block_kv) if cfg.pv_mode == "smem" else None,  # p_smem
     ]
     num_units = items.table.shape[1] * hq
-    grid = min(cfg.num_ctas or _num_sms(), num_units) if cfg.persistent else num_units
+    grid = min(cfg.num_ctas or mc.num_sms(), num_units) if cfg.persistent else num_units
     kernel = functools.partial(
         _kernel,
         cfg=cfg,
@@ -405,18 +292,15 @@ def _prefill(
         num_units=num_units,
         grid=grid,
     )
-    out = plgpu.kernel(
+    out = mc.launch(
         kernel,
         out_type=jax.ShapeDtypeStruct(q_in.shape, q.dtype),
-        scratch_types=scratch,
-        grid=(grid,),
-        grid_names=("p",),
+        scratch=scratch,
+        grid=grid,
         num_threads=COMPUTE_WGS + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=_interpret_params(interpret),
-        kernel_name=f"prefill_paged_attention_mgpu_bkv{cfg.block_kv}_st{cfg.stages}",
-    )(items.table, block_tables, q_in, k_pages, v_pages)
+        interpret=interpret,
+        name=f"prefill_paged_attention_mgpu_bkv{cfg.block_kv}_st{cfg.stages}",
+    )(items.table, md.block_tables, q_in, k_pages, v_pages)
     if q_tile_aligned:
         return out[:t]
     gathered = out[items.out_row]
@@ -427,10 +311,7 @@ def prefill_paged_attention_mgpu(
     q,  # [T, Hq, D]
     k_pages,  # [Hkv, P, PS, D]
     v_pages,  # [Hkv, P, PS, D]
-    kv_lens,  # i32[S]
-    block_tables,  # i32[S, B]
-    cu_q_lens,  # i32[S + 1]
-    num_seqs,  # i32[1]
+    md: PagedAttentionMetadata,
     *,
     sm_scale: float,
     q_tile_aligned: bool = False,
@@ -458,31 +339,14 @@ def prefill_paged_attention_mgpu(
     back. The kernel needs an sm_90 GPU; interpret=True (or an InterpretGPUParams) runs it in Mosaic
     GPU interpret mode on the CPU, with pv_mode "smem" (slow; for tests).
     """
-    cfg = default_config(q.shape[-1]) if config is None else config
-    if interpret:
-        cfg = dataclasses.replace(cfg, pv_mode="smem")
-    _validate(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg)
+    cfg = mc.for_interpret(default_config(q.shape[-1]) if config is None else config, interpret)
+    mc.check_mosaic_inputs(q, k_pages, v_pages, md, cfg)
     if min_q_len < 1 or (q_tile_aligned and min_q_len > 1):
         raise ValueError(f"min_q_len={min_q_len} must be >= 1, and 1 with q_tile_aligned=True")
     if q_tile_aligned:
-        _check_aligned(cu_q_lens, num_seqs, cfg.tile)
-    if interpret:
-        # XLA CPU runs a computation whose inputs are still being computed later, on its own small
-        # thread pool. The interpreter's warpgroup threads block inside host callbacks until the
-        # others arrive at a barrier, and blocked callbacks on that pool can starve it. With ready
-        # inputs the computation runs on this thread and its warpgroups on threads of their own.
-        jax.block_until_ready((q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs))
+        _check_aligned(md, cfg.tile)
+    mc.wait_for_inputs(interpret, (q, k_pages, v_pages, md))
     return _prefill(
-        q,
-        k_pages,
-        v_pages,
-        kv_lens,
-        block_tables,
-        cu_q_lens,
-        num_seqs,
-        sm_scale=float(sm_scale),
-        q_tile_aligned=q_tile_aligned,
-        min_q_len=int(min_q_len),
-        config=cfg,
-        interpret=interpret,
-    )
+        q, k_pages, v_pages, md, sm_scale=float(sm_scale), q_tile_aligned=q_tile_aligned,
+        min_q_len=int(min_q_len), config=cfg, interpret=interpret,
+    )  # fmt: skip

@@ -1,9 +1,10 @@
 """Tiles of the Mosaic GPU prefill kernel and their schedule (mosaic_prefill.py).
 
 MgpuConfig (tile sizes, pipeline depth, warpgroup roles) and its shared-memory budget; `work_items`
-cuts the flattened batch into TILE-row items of one sequence, ranked longest causal length first;
-`unit_schedule` deals (item, q head) units to the persistent CTAs in snake order; `kv_steps` counts the
-KV blocks a tile visits. Only jax and numpy.
+cuts the flattened batch into TILE-row items of one sequence, ranked longest causal length first, so
+that mosaic_common.unit_schedule's snake order over the persistent CTAs balances their causal work;
+`kv_steps` counts the KV blocks a tile visits; `Unit` is what every warpgroup of a CTA reads about its
+current (item, q head) unit.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+
+from jaxllm.kernels.metadata import PagedAttentionMetadata
+from jaxllm.kernels.mosaic_common import cdiv, check_ring
+from jaxllm.kernels.ragged_batch import owner
 
 COMPUTE_WGS = 2
 
@@ -32,7 +37,7 @@ class MgpuConfig:
     # Persistent grid: each CTA loops over its share of the (item, q head) units, loading the next
     # unit's Q and K/V while it finishes the current one. Otherwise one CTA per unit.
     persistent: bool = True
-    num_ctas: int | None = None  # CTAs of the persistent grid; None: the device's SM count (132 on H200)
+    num_ctas: int | None = None  # CTAs of the persistent grid; None: the device's SM count
     q_buffers: int = 2  # 2: the next unit's Q loads during the current unit; 1: saves shared memory
     compute_registers: int = 232
     memory_registers: int = 40
@@ -40,16 +45,9 @@ class MgpuConfig:
     def __post_init__(self):
         if self.block_q != 64:
             raise ValueError(f"block_q={self.block_q} must be 64 (one wgmma M tile per warpgroup)")
-        if self.block_kv % 64 or not 64 <= self.block_kv <= 256:
-            raise ValueError(f"block_kv={self.block_kv} must be 64, 128, 192 or 256")
-        if self.stages < 2:
-            raise ValueError(f"stages={self.stages} must be >= 2")
-        if self.num_ctas is not None and self.num_ctas < 1:
-            raise ValueError(f"num_ctas={self.num_ctas} must be >= 1 or None")
+        check_ring(self.block_kv, self.stages, self.num_ctas, self.pv_mode)
         if self.q_buffers not in (1, 2):
             raise ValueError(f"q_buffers={self.q_buffers} must be 1 or 2")
-        if self.pv_mode not in ("regs", "smem"):
-            raise ValueError(f"pv_mode={self.pv_mode!r} must be 'regs' or 'smem'")
 
     @property
     def tile(self) -> int:
@@ -61,18 +59,11 @@ class MgpuConfig:
         return ((q_tiles + 2 * self.stages * self.block_kv) * d + p_tile) * itemsize
 
 
-SMEM_LIMIT = 227 * 1024 - 2048  # Hopper per-CTA maximum, less room for barriers and reductions
-
-
 def default_config(head_dim: int) -> MgpuConfig:
     """128-token KV blocks 2 deep; at head_dim 256 shared memory allows only 64-token blocks, one Q buffer."""
     if head_dim > 128:
         return MgpuConfig(block_kv=64, q_buffers=1)
     return MgpuConfig()
-
-
-def cdiv(a, b):
-    return (a + b - 1) // b
 
 
 @jax.tree_util.register_dataclass
@@ -97,7 +88,7 @@ def max_padded_items(num_tokens: int, num_seq_slots: int, tile: int, min_q_len: 
 
 
 def work_items(
-    kv_lens, cu_q_lens, num_seqs, *, num_tokens, cfg: MgpuConfig, aligned: bool, min_q_len: int = 1
+    md: PagedAttentionMetadata, *, num_tokens, cfg: MgpuConfig, aligned: bool, min_q_len: int = 1
 ) -> WorkItems:
     """Work items of TILE query rows of one sequence each.
 
@@ -110,8 +101,9 @@ def work_items(
     if aligned and min_q_len > 1:
         raise ValueError(f"min_q_len={min_q_len} needs the padded layout (aligned=False)")
     tile = cfg.tile
+    kv_lens, cu_q_lens = md.kv_lens, md.cu_q_lens
     s = kv_lens.shape[0]
-    n = jnp.clip(num_seqs[0], 0, s)
+    n = jnp.clip(md.num_seqs[0], 0, s)
     real = jnp.arange(s, dtype=jnp.int32) < n
     starts = cu_q_lens[:-1]
     if min_q_len > 1:
@@ -123,8 +115,7 @@ def work_items(
         w = cdiv(num_tokens, tile)
         widx = jnp.arange(w, dtype=jnp.int32)
         row0 = widx * tile
-        # The owner of row0, as in the reference: how many sequences end at or before it.
-        seq = jnp.sum(cu_q_lens[1:][None, :] <= row0[:, None], axis=1, dtype=jnp.int32)
+        seq = owner(cu_q_lens[1:], row0)  # the sequence of row0
         valid = (seq < n) & (row0 < cu_q_lens[n])
         seq = jnp.minimum(seq, s - 1)
         kv = jnp.where(valid, kvl[seq], 0)
@@ -135,7 +126,7 @@ def work_items(
         begins = ends - n_items
         w = max_padded_items(num_tokens, s, tile, min_q_len)
         widx = jnp.arange(w, dtype=jnp.int32)
-        seq = jnp.minimum(jnp.sum(ends[None, :] <= widx[:, None], axis=1, dtype=jnp.int32), s - 1)
+        seq = jnp.minimum(owner(ends, widx), s - 1)
         valid = widx < ends[-1]
         j = widx - begins[seq]
         kv = jnp.where(valid, kvl[seq], 0)
@@ -145,7 +136,7 @@ def work_items(
         )
         q_row = q_row.reshape(w * tile)
         rows = jnp.arange(num_tokens, dtype=jnp.int32)
-        rseq = jnp.sum(cu_q_lens[1:][None, :] <= rows[:, None], axis=1, dtype=jnp.int32)
+        rseq = owner(cu_q_lens[1:], rows)
         row_valid = (rseq < n) & (rows < cu_q_lens[n])
         rseq = jnp.minimum(rseq, s - 1)
         row_valid &= real[rseq]
@@ -182,17 +173,3 @@ class Unit:
     pos0: jax.Array
     n0: jax.Array  # KV blocks warpgroup 0 visits
     n_cta: jax.Array  # KV blocks the CTA visits (warpgroup 1 holds the later rows: all of them)
-
-
-def unit_schedule(pid, num_units: int, grid: int):
-    """(number of units, k -> k-th unit) of CTA pid. Round r of `grid` units goes to the CTAs in snake
-    order (even rounds ascending, odd ones descending): with units ranked longest-first that balances
-    the CTAs' work without a dynamic queue."""
-    rounds, rem = divmod(num_units, grid)
-    last_pos = jnp.where(rounds % 2 == 0, pid, grid - 1 - pid)
-    count = rounds + (last_pos < rem).astype(jnp.int32)
-
-    def unit_of(k):
-        return k * grid + jnp.where(k % 2 == 0, pid, grid - 1 - pid)
-
-    return count, unit_of

@@ -1,9 +1,12 @@
-"""Ragged paged attention: a flattened batch mixing decode tokens and prefill chunks.
+"""Ragged paged attention in plain jnp: the reference every kernel of this package is tested against.
 
 Sequence s owns query rows cu_q_lens[s]:cu_q_lens[s+1] and kv_lens[s] tokens of context in its pages
 (block_tables[s]); the new tokens' K/V are already written. Query row i of s sits at position
 kv_lens[s] - q_len + i and attends causally to context positions <= its own. Rows past cu_q_lens[num_seqs]
 are padding: their output is zero.
+
+It gathers every row's whole block table and does a masked softmax in float32: simple enough to be
+trusted, and it runs on any platform (the CPU engine's attention).
 """
 
 from __future__ import annotations
@@ -13,38 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-
-def check_inputs(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, dtypes) -> None:
-    """The contract's shapes and dtypes, shared by the kernels; a ValueError names the argument."""
-    if q.ndim != 3:
-        raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
-    if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
-        raise ValueError(
-            f"k_pages/v_pages must both be [Hkv, P, PS, D]; got {k_pages.shape}, {v_pages.shape}"
-        )
-    _, hq, d = q.shape
-    hkv, _, ps, dk = k_pages.shape
-    if dk != d:
-        raise ValueError(f"head_dim of q ({d}) and k_pages ({dk}) must match")
-    if d not in (64, 128, 256):
-        raise ValueError(f"head_dim={d} must be one of 64, 128, 256")
-    if hq % hkv:
-        raise ValueError(f"num q heads {hq} must be a multiple of num kv heads {hkv}")
-    if ps < 1 or ps & (ps - 1):
-        raise ValueError(f"page_size={ps} must be a power of two")
-    if q.dtype not in dtypes or k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
-        names = ", ".join(jnp.dtype(t).name for t in dtypes)
-        raise ValueError(f"q/k/v dtype must match and be one of {names}; got {q.dtype}, {k_pages.dtype}")
-    if block_tables.ndim != 2 or block_tables.dtype != jnp.int32:
-        raise ValueError(f"block_tables must be i32[S, B], got {block_tables.dtype}{list(block_tables.shape)}")
-    s = block_tables.shape[0]
-    for name, x, shape in (
-        ("kv_lens", kv_lens, (s,)),
-        ("cu_q_lens", cu_q_lens, (s + 1,)),
-        ("num_seqs", num_seqs, (1,)),
-    ):
-        if x.shape != shape or x.dtype != jnp.int32:
-            raise ValueError(f"{name} must be i32{list(shape)}, got {x.dtype}{list(x.shape)}")
+from jaxllm.kernels.metadata import PagedAttentionMetadata
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "soft_cap", "sliding_window"))
@@ -52,16 +24,14 @@ def ref_ragged_paged_attention(
     q,  # [T, Hq, D]
     k_pages,  # [Hkv, P, PS, D]
     v_pages,  # [Hkv, P, PS, D]
-    kv_lens,  # i32[S]
-    block_tables,  # i32[S, B]
-    cu_q_lens,  # i32[S + 1]
-    num_seqs,  # i32[1]
+    md: PagedAttentionMetadata,
     *,
     sm_scale: float,
     soft_cap: float | None = None,
     sliding_window: int | None = None,
 ):
     """Plain-jnp reference: gathers each token's sequence pages and does masked softmax in float32."""
+    kv_lens, block_tables, cu_q_lens, num_seqs = md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs
     t, hq, d = q.shape
     hkv, _, ps, _ = k_pages.shape
     s, b = block_tables.shape

@@ -1,20 +1,20 @@
-"""Ragged paged attention as a Pallas kernel for NVIDIA GPUs (Triton lowering).
+"""Ragged paged attention as a Pallas kernel for NVIDIA GPUs (Triton lowering): any CUDA GPU, any batch.
 
 Data flow of one call:
-  1. rpa_schedule.build_work_items cuts the flattened batch into work items of <= block_q query rows of
+  1. q goes to the grouped launch layout [T, Hkv, Gp, D] (ragged_batch.to_launch_layout; a fused q|k|v
+     array is only viewed, not copied, where its groups line up).
+  2. triton_schedule.build_work_items cuts the flattened batch into work items of <= block_q query rows of
      one sequence (plus zero-context items covering the padding rows).
-  2. The kernel runs on grid (Hkv, W, k_splits). Program (h, w, c) loads the item's q rows for the
+  3. The kernel runs on grid (Hkv, W, k_splits). Program (h, w, c) loads the item's q rows for the
      whole query-head group of KV head h as one [block_q * Gp, D] tile, so K/V of a KV head are read
      once per group (GQA/MQA), then streams its share c of the context's pages, pages_per_block pages
      per step, gathered through the block table, with an online softmax in float32. The shares are
      cut from the item's own key range (split_steps), not from the block table's width: the engine's
-     tables are max_model_len / page_size wide, and shares of the width left all but the first splits
-     idle at short contexts (one H200, Llama-3.1-8B, 640-token contexts, tables 513 pages wide, the
-     old and the new cut in one run: attention of a b32 step 1.41 -> 1.03 ms, of a b1 step 0.76 ->
-     0.31 ms; benchmarks/results/2026-12-03-h200-step-profile-llama8b-splits-table513-old-new.log).
-  3. k_splits == 1: the program normalises and writes the output rows. k_splits > 1 (flash-decoding
+     tables are max_model_len / page_size wide, and shares of the width would leave all but the first
+     splits idle at short contexts.
+  4. k_splits == 1: the program normalises and writes the output rows. k_splits > 1 (flash-decoding
      for long contexts with few sequences): each split writes unnormalised float32 partials with their
-     running max and sum, and a small jnp epilogue combines them.
+     running max and sum, and a small jnp epilogue (combine_splits) merges them.
 
 Masking: a key is visible when kv_pos < kv_len, kv_pos <= query position (causal with respect to the
 sequence's context: query row i of a q_len chunk sits at kv_len - q_len + i) and, with a sliding
@@ -28,23 +28,19 @@ Static variants of the loop (knobs of ragged_paged_attention, compared by benchm
     the current one. Triton's pipeliner (AssignLatencies) splits num_stages - 1 of latency over the
     chain of dependent loads feeding a dot; with the block-table read in the same step the K/V loads
     sit at indirection level 1 and get one step of latency (one buffer) at num_stages 3 or 4. Carried
-    ids leave K/V at level 0: num_stages - 1 buffers in flight. (Compiled for sm_90 with Triton 3.7
-    on a CPU host, 64x2048 default tiles: 104 KiB shared memory, two CTAs per SM, without; 168 KiB,
-    one CTA per SM, two steps in flight, with.)
+    ids leave K/V at level 0: num_stages - 1 buffers in flight (at the default decode tiles, more shared
+    memory and one CTA per SM instead of two).
   pages_per_block, num_stages, num_warps set bytes in flight per CTA against CTAs per SM.
 
-Backend, chosen by measurement on one H200 (Llama-3.1-8B heads, page 16, bf16):
-  - Decode: this Triton-lowered kernel. The kernel gathers pages through the block table with vector
-    indices, masks ragged row ranges, runs under interpret=True for the CPU tests, and Triton's
-    pipeliner overlaps the gathered page loads. Decode is memory-bound (~1 FLOP per byte of KV), so the
-    lowering matters less than bytes in flight per SM. With the defaults below it reads the KV at
-    3.2-3.4 TB/s per layer (64 x 2048: 3.25; 256 x 2048: 3.32; 8 x 32768: 3.25; 64 x 32768: 3.38),
-    1.30-1.48x JAX's Pallas paged_attention at its best knobs in the same run and 2.7-2.9x dense XLA
-    (benchmarks/results/2026-12-02-h200-kernel-sweep.json).
-  - Prefill: this kernel reaches 214 TFLOP/s at 4 x 2048 causal and 252 at 1 x 8192, under half of
-    cuDNN (485 / 538). The Mosaic GPU kernel in mosaic_prefill.py (wgmma, per-page TMA,
-    warp-specialised pipeline) reaches 461 / 543 on the same shapes
-    (benchmarks/results/2026-12-02-h200-prefill-mgpu.json): prefill chunks belong there.
+Why Triton here: the kernel gathers pages through the block table with vector indices, masks ragged row
+ranges, runs under interpret=True for the CPU tests, and Triton's pipeliner overlaps the gathered page
+loads. Decode is memory-bound (about one FLOP per byte of KV), so bytes in flight per SM matter more
+than the lowering. Prefill chunks are compute-bound, and there this kernel stays well under cuDNN: on
+Hopper the dispatcher (hopper_dispatch.py) sends long chunks to the wgmma kernel in mosaic_prefill.py.
+Figures: docs/performance.md.
+
+Public API: ragged_paged_attention (the op), and for the dispatcher, which launches this kernel over a
+subset of the rows into a shared output: default_config / resolve_config and launch_rows.
 """
 
 from __future__ import annotations
@@ -58,8 +54,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxllm.kernels.reference import check_inputs
+from jaxllm.kernels.metadata import PagedAttentionMetadata, check_inputs
+from jaxllm.kernels.ragged_batch import (
+    decode_like,
+    from_launch_layout,
+    next_pow2,
+    query_view,
+    to_launch_layout,
+)
 from jaxllm.kernels.triton_schedule import build_work_items
+
+__all__ = ["DTYPES", "KNOBS", "default_config", "launch_rows", "ragged_paged_attention", "resolve_config"]
 
 MASK_VALUE = -1e30
 LOOP_LAYOUTS = ("split", "masked")
@@ -75,6 +80,7 @@ KNOBS = (
     "split_decode",
 )
 _LOG2E = math.log2(math.e)
+DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
 def _rpa_kernel(
@@ -218,31 +224,20 @@ def split_steps(lo, hi, split, k_splits: int):
     return start, jnp.minimum(start + per, hi)
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
-def decode_like(t: int, s: int) -> bool:
-    """Few rows per sequence: decode tiles (a handful of rows, long key steps) fit the whole batch."""
-    return t <= 2 * s
-
-
 def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b: int) -> dict:
     """Static tuning from shapes alone: decode-like steps (few rows per sequence) vs prefill chunks."""
-    gp = _next_pow2(hq // hkv)
+    gp = next_pow2(hq // hkv)
     if decode_like(t, s):
         block_q = max(1, 16 // gp)
         pages_per_block = max(1, 128 // page_size) if d <= 128 else max(1, 64 // page_size)
         programs = hkv * s
         k_splits = 1
         if programs < 264:
-            k_splits = _next_pow2(-(-264 // programs))
-        # Measured on the H200 (benchmarks/results/2026-12-02-h200-kernel-sweep.json, d 128, page 16, bf16,
-        # per layer): one masked loop beats the split interior loop everywhere in decode (Triton keeps V
-        # of the unmasked loop in registers instead of staging it). Without splits (b >= 33 here), 32-token
-        # steps with the page ids prefetched, 3 stages and 2 warps put ~4 programs on each SM: 3.25 TB/s at
-        # 64 x 2048, 3.32 at 256 x 2048, 3.38 at 64 x 32768 (was 2.37-2.54). With splits, 64-token steps
-        # 4 deep: 3.25 at 8 x 32768, 3.21 at 32 x 8192.
+            k_splits = next_pow2(-(-264 // programs))
+        # From the decode sweep (benchmarks/kernel_sweep.py): one masked loop beats the split interior
+        # loop in decode (Triton keeps V of the unmasked loop in registers instead of staging it).
+        # Without splits, 32-token steps with the page ids prefetched, 3 stages and 2 warps put about
+        # four programs on each SM; with splits, 64-token steps 4 deep.
         stages, warps, prefetch = 3, 4, False
         if k_splits > 1:
             pages_per_block = max(1, 64 // page_size)
@@ -261,7 +256,7 @@ def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
         )
     rows = 128 if d <= 128 else 64
     block_q = max(1, rows // gp)
-    # 128-token steps: 215 / 253 TFLOP/s at 4x2048 / 1x8192 on the H200 against 200 / 219 with 64.
+    # 128-token key steps: more matrix work per step than 64, which prefill chunks can use.
     pages_per_block = max(1, (128 if d <= 128 else 32) // page_size)
     return dict(
         block_q=block_q,
@@ -282,7 +277,7 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
     cfg.update({k: v for k, v in knobs.items() if v is not None})
     cfg["prefetch_pages"] = bool(cfg["prefetch_pages"])
     cfg["split_decode"] = bool(cfg["split_decode"])
-    gp = _next_pow2(hq // hkv)
+    gp = next_pow2(hq // hkv)
     if cfg["loop_layout"] not in LOOP_LAYOUTS:
         raise ValueError(f"loop_layout={cfg['loop_layout']!r} must be one of {LOOP_LAYOUTS}")
     for name in ("block_q", "pages_per_block"):
@@ -297,17 +292,6 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
     return cfg
 
 
-def validate_args(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window, soft_cap):
-    check_inputs(
-        q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
-        dtypes=(jnp.bfloat16, jnp.float16, jnp.float32),
-    )  # fmt: skip
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"{sliding_window=} must be >= 1 or None")
-    if soft_cap is not None and soft_cap <= 0:
-        raise ValueError(f"{soft_cap=} must be > 0 or None")
-
-
 @functools.partial(
     jax.jit,
     static_argnames=("sm_scale", "soft_cap", "sliding_window", "interpret", "q_heads", *KNOBS),
@@ -316,10 +300,7 @@ def ragged_paged_attention(
     q,  # [T, Hq, D], or [T, >= q_heads, D] with q_heads
     k_pages,  # [Hkv, P, PS, D]
     v_pages,  # [Hkv, P, PS, D]
-    kv_lens,  # i32[S]
-    block_tables,  # i32[S, B]
-    cu_q_lens,  # i32[S + 1]
-    num_seqs,  # i32[1]
+    md: PagedAttentionMetadata,
     *,
     sm_scale: float,
     soft_cap: float | None = None,
@@ -346,14 +327,14 @@ def ragged_paged_attention(
     q_heads: q's first q_heads heads are the queries and more heads follow (a fused q|k|v array, read in
     place where its head groups line up with the launch layout: to_launch_layout).
     """
-    validate_args(
-        query_view(q, q_heads), k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, sliding_window,
-        soft_cap,
+    check_inputs(
+        query_view(q, q_heads), k_pages, v_pages, md, dtypes=DTYPES, sliding_window=sliding_window,
+        soft_cap=soft_cap,
     )  # fmt: skip
     t, _, d = q.shape
     hq = q_heads or q.shape[1]
     hkv, _, ps, _ = k_pages.shape
-    s, b = block_tables.shape
+    s, b = md.block_tables.shape
     cfg = resolve_config(
         t, s, hq, hkv, d, ps, b,
         block_q=block_q, pages_per_block=pages_per_block, k_splits=k_splits, num_warps=num_warps,
@@ -371,7 +352,7 @@ def ragged_paged_attention(
     extra_rows = max(cfg["block_q"], dcfg["block_q"] if dcfg else 1) if interpret else 0
     qg = to_launch_layout(q, hkv, extra_rows, q_heads=q_heads)
     launch = functools.partial(
-        launch_rows, qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, t=t,
+        launch_rows, qg, k_pages, v_pages, md, t=t,
         sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret,
     )  # fmt: skip
     if dcfg is None:
@@ -382,63 +363,27 @@ def ragged_paged_attention(
     return from_launch_layout(out, t, hq)
 
 
-def query_view(q, q_heads: int | None):
-    """The shape and dtype of q's query heads (the first q_heads of a fused q|k|v array), for checks."""
-    if q_heads is None:
-        return q
-    if q.ndim != 3 or not 0 < q_heads <= q.shape[1]:
-        raise ValueError(
-            f"q_heads={q_heads} must be in [1, {q.shape[1] if q.ndim == 3 else '?'}] (q {q.shape})"
-        )
-    return jax.ShapeDtypeStruct((q.shape[0], q_heads, q.shape[2]), q.dtype)
-
-
-def to_launch_layout(x, hkv: int, extra_rows: int = 0, min_group: int = 1, q_heads: int | None = None):
-    """[T, Hq, D] -> [T + extra_rows, Hkv, Gp, D], the layout launch_rows works on: each KV head's query
-    group padded with zeros to a power of two (at least min_group: a layout shared with a kernel that
-    moves whole 8-row tiles), and `extra_rows` zero rows after the last.
-
-    With q_heads, x is [T, H, D] whose first q_heads heads are the queries (a fused q|k|v array). When the
-    groups need no padding and H is whole groups, x is only viewed as [T, H / G, G, D] (no copy): group
-    h < Hkv of that view is KV head h's queries, all launch_rows reads. Otherwise the queries are cut
-    out (and padded) as above."""
-    t, h, d = x.shape
-    hq = q_heads or h
-    g = hq // hkv
-    gp = max(_next_pow2(g), min_group)
-    if h != hq:
-        if gp == g and not extra_rows and h % g == 0:
-            return x.reshape(t, h // g, g, d)
-        x = x[:, :hq]
-    xg = x.reshape(t, hkv, g, d)
-    if gp != g or extra_rows:
-        xg = jnp.pad(xg, ((0, extra_rows), (0, 0), (0, gp - g), (0, 0)))
-    return xg
-
-
-def from_launch_layout(out, t: int, hq: int):
-    """The inverse of to_launch_layout: [Tp, Hkv, Gp, D] -> [T, Hq, D]."""
-    _, hkv, _, d = out.shape
-    return out[:t, :, : hq // hkv, :].reshape(t, hq, d)
-
-
 def launch_rows(
-    qg, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs, cfg, *, t, select, num_items=None,
-    max_q_len=None, prior=None, sm_scale, soft_cap, sliding_window, interpret,
+    qg,  # [Tp, >= Hkv, Gp, D] (ragged_batch.to_launch_layout; more groups for a fused q|k|v)
+    k_pages,  # [Hkv, P, PS, D]
+    v_pages,  # [Hkv, P, PS, D]
+    md: PagedAttentionMetadata,
+    cfg: dict,  # resolve_config(...)
+    *, t, select, num_items=None, max_q_len=None, prior=None, sm_scale, soft_cap, sliding_window, interpret,
 ):  # fmt: skip
-    """One pallas_call over the work items of `select` rows (rpa_schedule.build_work_items); returns
+    """One pallas_call over the work items of `select` rows (triton_schedule.build_work_items); returns
     [Tp, Hkv, Gp, D] in q's dtype. `prior` (k_splits == 1 only): an output to write into, aliased; rows
-    this launch skips keep it. qg may hold more groups than Hkv (to_launch_layout of a fused q|k|v)."""
+    this launch skips keep it."""
     tp, _, gp, d = qg.shape
     hkv = k_pages.shape[0]
-    s, b = block_tables.shape
+    block_tables = md.block_tables
+    b = block_tables.shape[1]
     block_q, ppb, k_splits = cfg["block_q"], cfg["pages_per_block"], cfg["k_splits"]
     if prior is not None and k_splits != 1:
         raise ValueError("writing into a prior output needs k_splits == 1")
     items = build_work_items(
-        kv_lens, cu_q_lens, num_seqs, num_tokens=t, block_q=block_q, select=select, num_items=num_items,
-        max_q_len=max_q_len,
-    )  # fmt: skip
+        md, num_tokens=t, block_q=block_q, select=select, num_items=num_items, max_q_len=max_q_len
+    )
     w = items.seq.shape[0]
 
     # Block table padded to whole inner steps, so every step reads in-range rows.
@@ -510,8 +455,8 @@ def launch_rows(
 def combine_splits(acc, m, l_):  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2 -> f32[Tp, Hkv, Gp, D]
     """The splits' partial outputs merged: each rescaled by exp2(its max - the overall max) (m is in
     log2 units), summed, divided by the rescaled sum of l. Unrolled over the K splits as elementwise ops
-    on slices, which XLA emits as one loop kernel; reductions over the split axis made three kernels
-    (max, the rescale, the sums) of ~1.6 us each per layer at batch 1 on the H200."""
+    on slices, which XLA emits as one loop kernel; reductions over the split axis would make three
+    (max, the rescale, the sums), each a launch per layer."""
     k = acc.shape[0]
     m_max = m[0]
     for c in range(1, k):

@@ -15,6 +15,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxllm.kernels.metadata import PagedAttentionMetadata
+from jaxllm.kernels.ragged_batch import owner
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -31,9 +34,7 @@ def max_work_items(num_tokens: int, num_seq_slots: int, block_q: int) -> int:
 
 
 def build_work_items(
-    kv_lens,  # i32[S]
-    cu_q_lens,  # i32[S + 1]
-    num_seqs,  # i32[1]
+    md: PagedAttentionMetadata,
     *,
     num_tokens: int,
     block_q: int,
@@ -47,6 +48,7 @@ def build_work_items(
     Rows of unselected sequences get no item: a program never writes them."""
     if select not in ("all", "decode", "prefill"):
         raise ValueError(f"select={select!r} must be 'all', 'decode' or 'prefill'")
+    kv_lens, cu_q_lens, num_seqs = md.kv_lens, md.cu_q_lens, md.num_seqs
     s = kv_lens.shape[0]
     w = max_work_items(num_tokens, s, block_q) if num_items is None else num_items
     n = jnp.clip(num_seqs[0], 0, s)
@@ -70,9 +72,7 @@ def build_work_items(
     begins = ends - n_items
     widx = jnp.arange(w, dtype=jnp.int32)
     valid = widx < ends[-1]
-    # Owner of item w: how many sequences end at or before it. A vectorised compare, not searchsorted,
-    # whose default binary search is a while loop (a host round trip per step on the GPU).
-    sq = jnp.minimum(jnp.sum(ends[None, :] <= widx[:, None], axis=1, dtype=jnp.int32), s)
+    sq = jnp.minimum(owner(ends, widx), s)  # the sequence of item w
     j = widx - begins[sq]
     q0 = starts[sq] + j * block_q
     q1 = jnp.where(valid, jnp.minimum(q0 + block_q, starts[sq] + lens[sq]), q0)

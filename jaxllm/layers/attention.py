@@ -120,7 +120,7 @@ def _local_qkv_attention(qkv, kv_cache, md, *, num_q_heads, sm_scale, backend, s
         else gpu_ops.ragged_paged_attention
     )
     out = attend(
-        qkv, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs,
+        qkv, k_pages, v_pages, md.paged,
         sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, q_heads=hq,
     )  # fmt: skip
     return out, (k_pages, v_pages)
@@ -138,7 +138,6 @@ def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap
         write, attend = ref_write_kv_cache, ref_ragged_paged_attention
     k_pages, v_pages = write(k, v, k_pages, v_pages, md.slot_mapping)
     out = attend(
-        q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs,
-        sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window,
-    )  # fmt: skip
+        q, k_pages, v_pages, md.paged, sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window
+    )
     return out, (k_pages, v_pages)

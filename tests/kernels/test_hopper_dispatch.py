@@ -16,12 +16,12 @@ from jaxllm.kernels.hopper_dispatch import (
     mosaic_covers,
     ragged_paged_attention_hopper,
 )
+from jaxllm.kernels.metadata import PagedAttentionMetadata
 from jaxllm.kernels.mosaic_prefill import prefill_paged_attention_mgpu
 from jaxllm.kernels.mosaic_schedule import MgpuConfig, max_padded_items, work_items
 from jaxllm.kernels.reference import ref_ragged_paged_attention
-from tests.kernels.cases import assert_matches_reference, make_problem, rel_err
-
-TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
+from jaxllm.testing.kernel_cases import assert_matches_reference, make_problem, rel_err, tolerance
+from tests.kernels.checks import check_against_reference
 
 # (q_lens, kv_lens, dtype, page_size, (hq, hkv), d, mosaic_min_q_len, extra kwargs). Every batch mixes
 # decode rows, chunks shorter than mosaic_min_q_len and longer ones (two tiles and a ragged tail);
@@ -54,12 +54,10 @@ def _id(c):
 def test_matches_reference(case, interpret):
     q_lens, kv_lens, dtype, ps, (hq, hkv), d, min_q_len, kw = case
     prob = make_problem(q_lens, kv_lens, hq=hq, hkv=hkv, d=d, page_size=ps, dtype=dtype)
-    ref_kw = {k: v for k, v in kw.items() if k in ("soft_cap", "sliding_window")}
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=d**-0.5, **ref_kw)
-    out = ragged_paged_attention_hopper(
-        *prob.args(), sm_scale=d**-0.5, mosaic_min_q_len=min_q_len, interpret=interpret, **kw
-    )
-    assert_matches_reference(out, ref, prob, TOL[dtype])
+    check_against_reference(
+        ragged_paged_attention_hopper, prob, sm_scale=d**-0.5, mosaic_min_q_len=min_q_len, interpret=interpret,
+        **kw,
+    )  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -70,9 +68,7 @@ def test_llama_shapes_on_gpu(on_gpu):
         pytest.skip("needs --gpu")
     q_lens, kv_lens = [1, 1, 512, 1, 300, 40], [700, 2000, 512, 65, 1000, 40]
     prob = make_problem(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16, dtype=jnp.bfloat16)
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=128**-0.5)
-    out = ragged_paged_attention_hopper(*prob.args(), sm_scale=128**-0.5, prefill_min_context=0)
-    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+    check_against_reference(ragged_paged_attention_hopper, prob, sm_scale=128**-0.5, prefill_min_context=0)
 
 
 @pytest.mark.gpu
@@ -84,13 +80,11 @@ def test_llama_decode_batch_on_gpu(on_gpu):
     kv_lens = [640, 1, 17, 2048, 1000, 33, 129, 511] * 8
     q_lens = [1] * 63 + [3]
     prob = make_problem(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16, dtype=jnp.bfloat16, pad_rows=5)
-    t, s = prob.q.shape[0], prob.kv_lens.shape[0]
+    t, s = prob.q.shape[0], prob.md.kv_lens.shape[0]
     assert decode_mosaic_covers(
         t, s, 32, 8, jnp.bfloat16, 16, soft_cap=None, sliding_window=None, min_units=256
     )
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=128**-0.5)
-    out = ragged_paged_attention_hopper(*prob.args(), sm_scale=128**-0.5)
-    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+    check_against_reference(ragged_paged_attention_hopper, prob, sm_scale=128**-0.5)
 
 
 @pytest.mark.own_process
@@ -110,15 +104,16 @@ def test_decode_bucket_takes_every_row(q_lens, kv_lens, pad_rows, pad_seqs, inte
         q_lens, kv_lens, hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
         pad_rows=pad_rows, pad_seqs=pad_seqs,
     )  # fmt: skip
-    assert prob.q.shape[0] == prob.kv_lens.shape[0]
+    assert prob.q.shape[0] == prob.md.kv_lens.shape[0]
 
     def no_triton(*args, **kwargs):
         raise AssertionError("a T == S decode batch launched the Triton kernel")
 
     monkeypatch.setattr(hopper, "launch_rows", no_triton)
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=0.125)
-    out = ragged_paged_attention_hopper(*prob.args(), sm_scale=0.125, decode_min_units=1, interpret=interpret)
-    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+    monkeypatch.setattr(hopper, "ragged_paged_attention", no_triton)
+    check_against_reference(
+        ragged_paged_attention_hopper, prob, sm_scale=0.125, decode_min_units=1, interpret=interpret
+    )
 
 
 @pytest.mark.own_process
@@ -136,7 +131,7 @@ def test_mosaic_takes_exactly_the_long_chunks(interpret):
     for i, n in enumerate(q_lens):
         rows = slice(cu[i], cu[i + 1])
         if n >= 64:
-            assert rel_err(out[rows], ref[rows]) < TOL[jnp.bfloat16], f"sequence {i}"
+            assert rel_err(out[rows], ref[rows]) < tolerance(jnp.bfloat16), f"sequence {i}"
         else:
             assert (out[rows] == 0).all(), f"sequence {i} ({n} rows) belongs to the Triton kernel"
     assert (out[cu[-1] :] == 0).all()
@@ -159,10 +154,11 @@ def test_padded_items_fit_their_bound(seed):
     cu[n + 1 :] = cu[n]
     kv = np.zeros(s, np.int32)
     kv[:n] = np.asarray(q_lens) + 7
-    items = work_items(
-        jnp.asarray(kv), jnp.asarray(cu), jnp.asarray([n], jnp.int32),
-        num_tokens=t, cfg=cfg, aligned=False, min_q_len=m,
+    md = PagedAttentionMetadata(
+        kv_lens=jnp.asarray(kv), block_tables=jnp.zeros((s, 1), jnp.int32), cu_q_lens=jnp.asarray(cu),
+        num_seqs=jnp.asarray([n], jnp.int32),
     )  # fmt: skip
+    items = work_items(md, num_tokens=t, cfg=cfg, aligned=False, min_q_len=m)
     w = items.table.shape[1]
     assert w == max_padded_items(t, s, cfg.tile, m) == -(-t // cfg.tile) + t // m
     need = sum(-(-q // cfg.tile) for q in q_lens if q >= m)
@@ -229,5 +225,5 @@ def test_fused_qkv_input_on_gpu(on_gpu, q_lens, kv_lens, kernel):
     args = prob.args()[1:]
     ref = ref_ragged_paged_attention(*prob.args(), sm_scale=128**-0.5)
     out = fn(qkv, *args, sm_scale=128**-0.5, q_heads=32)
-    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+    assert_matches_reference(out, ref, prob, tolerance(jnp.bfloat16))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(fn(prob.q, *args, sm_scale=128**-0.5)))

@@ -9,14 +9,17 @@ from __future__ import annotations
 import itertools
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from jaxllm.kernels.reference import ref_ragged_paged_attention
 from jaxllm.kernels.triton_attention import ragged_paged_attention, split_steps
-from tests.kernels.cases import MODES, assert_matches_reference, make_problem, rel_err
-
-TOL = {jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
+from jaxllm.testing.kernel_cases import MODES, make_problem
+from tests.kernels.checks import (
+    CONTRACT_VIOLATIONS,
+    assert_detects_wrong_answer,
+    assert_empty_batch_is_zero,
+    assert_rejects,
+    check_against_reference,
+)
 
 # (mode, dtype, page_size, (hq, hkv), d, extra kwargs)
 SMALL = [
@@ -31,7 +34,7 @@ SMALL = [
     ("mixed", jnp.float16, 32, (8, 1), 128, {"sliding_window": 20}),
     ("mixed", jnp.bfloat16, 16, (8, 2), 64, {"block_q": 8, "k_splits": 2}),
     ("chunked", jnp.bfloat16, 16, (8, 2), 128, {"sliding_window": 100, "soft_cap": 30.0}),
-    # Loop variants (module docstring of ragged_paged_attention_gpu): one masked loop, page ids carried.
+    # Loop variants (module docstring of triton_attention.py): one masked loop, page ids carried.
     ("decode", jnp.bfloat16, 16, (8, 2), 128, {"loop_layout": "masked"}),
     ("decode", jnp.float16, 16, (4, 1), 64, {"prefetch_pages": True, "pages_per_block": 1}),
     ("mixed", jnp.bfloat16, 16, (8, 2), 64, {"loop_layout": "masked", "prefetch_pages": True, "k_splits": 2}),
@@ -67,11 +70,7 @@ def _check(mode, dtype, page_size, heads, d, kw, interpret, seed=0):
     q_lens, kv_lens = MODES[mode]
     hq, hkv = heads
     prob = make_problem(q_lens, kv_lens, hq=hq, hkv=hkv, d=d, page_size=page_size, dtype=dtype, seed=seed)
-    sm_scale = d**-0.5
-    ref_kw = {k: kw[k] for k in ("soft_cap", "sliding_window") if k in kw}
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=sm_scale, **ref_kw)
-    out = ragged_paged_attention(*prob.args(), sm_scale=sm_scale, interpret=interpret, **kw)
-    assert_matches_reference(out, ref, prob, TOL[dtype])
+    check_against_reference(ragged_paged_attention, prob, sm_scale=d**-0.5, interpret=interpret, **kw)
 
 
 def _id(c):
@@ -103,10 +102,7 @@ def test_splits_with_a_wide_block_table(kw, interpret):
     q_lens, kv_lens = MODES["decode"]
     prob = make_problem(q_lens, kv_lens, hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
                         extra_table_pages=3 * 64)  # fmt: skip
-    ref_kw = {k: kw[k] for k in ("sliding_window",) if k in kw}
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=0.125, **ref_kw)
-    out = ragged_paged_attention(*prob.args(), sm_scale=0.125, interpret=interpret, **kw)
-    assert_matches_reference(out, ref, prob, TOL[jnp.bfloat16])
+    check_against_reference(ragged_paged_attention, prob, sm_scale=0.125, interpret=interpret, **kw)
 
 
 @pytest.mark.parametrize("lo, hi, k", [(0, 10, 8), (0, 40, 2), (3, 4, 4), (5, 5, 3), (2, 33, 5), (0, 7, 1)])
@@ -122,39 +118,35 @@ def test_split_steps_cover_the_range_once(lo, hi, k):
 
 
 def test_padding_sequences_and_empty_batch(interpret):
-    """num_seqs = 0: every row is padding and must come out as zeros."""
     prob = make_problem([1, 2], [5, 9], hq=4, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16)
-    args = list(prob.args())
-    args[6] = jnp.asarray([0], jnp.int32)
-    out = np.asarray(ragged_paged_attention(*args, sm_scale=0.125, interpret=interpret), np.float32)
-    assert (out == 0).all()
+    assert_empty_batch_is_zero(ragged_paged_attention, prob, interpret=interpret)
 
 
 def test_detects_wrong_answer(interpret):
-    """The check can fail: a wrong scale must be caught by the same tolerance."""
     prob = make_problem(*MODES["mixed"], hq=8, hkv=2, d=64, page_size=16, dtype=jnp.float16)
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=0.125)
-    out = ragged_paged_attention(*prob.args(), sm_scale=0.2, interpret=interpret)
-    assert rel_err(out[: prob.num_rows], ref[: prob.num_rows]) > TOL[jnp.float16]
+    assert_detects_wrong_answer(ragged_paged_attention, prob, interpret=interpret)
 
 
-@pytest.mark.parametrize(
-    "change, match",
-    [
-        (lambda a: {**a, "q": a["q"][:, :3]}, "multiple of num kv heads"),
-        (lambda a: {**a, "q": a["q"][..., :32]}, "head_dim"),
-        (lambda a: {**a, "kv_lens": a["kv_lens"].astype(jnp.int16)}, "kv_lens"),
-        (lambda a: {**a, "cu_q_lens": a["cu_q_lens"][:-1]}, "cu_q_lens"),
-        (lambda a: {**a, "v_pages": a["v_pages"][:, :-1]}, "k_pages/v_pages"),
-        (lambda a: {**a, "sliding_window": 0}, "sliding_window"),
-        (lambda a: {**a, "block_q": 3}, "block_q"),
-        (lambda a: {**a, "loop_layout": "tiled"}, "loop_layout"),
-        (lambda a: {**a, "pages_per_block": 0}, "pages_per_block"),
-    ],
-)
+BAD_INPUTS = CONTRACT_VIOLATIONS + [
+    (lambda a: {**a, "q": a["q"].astype(jnp.int32)}, "dtype"),
+    (lambda a: {**a, "sliding_window": 0}, "sliding_window"),
+    (lambda a: {**a, "soft_cap": -1.0}, "soft_cap"),
+    (lambda a: {**a, "q_heads": 9}, "q_heads"),
+    (lambda a: {**a, "block_q": 3}, "block_q"),
+    (lambda a: {**a, "loop_layout": "tiled"}, "loop_layout"),
+    (lambda a: {**a, "pages_per_block": 0}, "pages_per_block"),
+]
+
+
+@pytest.mark.parametrize("change, match", BAD_INPUTS, ids=[f"{m}-{i}" for i, (_, m) in enumerate(BAD_INPUTS)])
 def test_rejects_bad_inputs(change, match):
+    assert_rejects(ragged_paged_attention, change, match, interpret=True)
+
+
+def test_rejects_loose_metadata_arrays():
+    """The metadata is one PagedAttentionMetadata; loose arrays in its place are named in the error."""
     prob = make_problem([1, 2], [5, 9], hq=4, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16)
-    names = ["q", "k_pages", "v_pages", "kv_lens", "block_tables", "cu_q_lens", "num_seqs"]
-    kw = change(dict(zip(names, prob.args(), strict=True)))
-    with pytest.raises(ValueError, match=match):
-        ragged_paged_attention(sm_scale=0.125, interpret=True, **kw)
+    md = prob.md
+    loose = (md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs)
+    with pytest.raises(TypeError, match="md must be a PagedAttentionMetadata"):
+        ragged_paged_attention(prob.q, prob.k_pages, prob.v_pages, loose, sm_scale=0.125, interpret=True)

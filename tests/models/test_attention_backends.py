@@ -14,7 +14,7 @@ from jaxllm.kernels.kv_write_xla import ref_write_kv_cache
 from jaxllm.kernels.reference import ref_ragged_paged_attention
 from jaxllm.layers.attention import is_hopper, paged_attention, resolve_backend
 from jaxllm.layers.attention_metadata import AttentionMetadata
-from tests.kernels.cases import make_problem
+from jaxllm.testing.kernel_cases import make_problem
 
 
 def _layer_inputs():
@@ -22,7 +22,7 @@ def _layer_inputs():
     sequence, as the runner would place them."""
     q_lens, kv_lens, ps = [1, 5], [37, 5], 16
     prob = make_problem(q_lens, kv_lens, hq=4, hkv=2, d=64, page_size=ps, dtype=jnp.float32, pad_rows=0)
-    bt = np.asarray(prob.block_tables)
+    bt = np.asarray(prob.md.block_tables)
     slots, positions = [], []
     for i, (ql, kl) in enumerate(zip(q_lens, kv_lens, strict=True)):
         for pos in range(kl - ql, kl):
@@ -34,10 +34,10 @@ def _layer_inputs():
     md = AttentionMetadata(
         positions=jnp.asarray(positions, jnp.int32),
         slot_mapping=jnp.asarray(slots, jnp.int32),
-        block_tables=prob.block_tables,
-        kv_lens=prob.kv_lens,
-        cu_q_lens=prob.cu_q_lens,
-        num_seqs=prob.num_seqs,
+        block_tables=prob.md.block_tables,
+        kv_lens=prob.md.kv_lens,
+        cu_q_lens=prob.md.cu_q_lens,
+        num_seqs=prob.md.num_seqs,
     )
     return prob.q, k, v, (prob.k_pages, prob.v_pages), md
 

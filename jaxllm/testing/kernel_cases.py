@@ -1,5 +1,11 @@
-"""Random ragged paged-attention problems for the kernel tests: permuted block tables, unused pages and
-the tail of every last page filled with NaN, a few padding rows and padding sequence slots."""
+"""Random ragged paged-attention problems, shared by the kernel tests and the kernel benchmarks.
+
+A problem is built to catch what kernels get wrong: block tables are a random permutation of the pool
+(no kernel may assume contiguous pages), every unused page and the tail of every last page hold NaN (a
+kernel that multiplies instead of selecting leaks it), a few padding rows follow the real ones (they
+must come out zero) and a padding sequence slot follows the real sequences. assert_matches_reference
+checks all of that against the plain-jnp reference's output.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +14,36 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.kernels.metadata import PagedAttentionMetadata
+
+# Relative L2 error allowed against the float32 reference, by input dtype.
+TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3}
+
+
+def tolerance(dtype) -> float:
+    return TOLERANCE[jnp.dtype(dtype).name]
+
+
+# Batch shapes by mode: (q_lens, kv_lens). Lengths 1, 3, 513, 1023 do not line up with pages.
+MODES = {
+    "decode": ([1, 1, 1, 1], [1, 3, 513, 1023]),
+    "prefill": ([3, 40], [3, 40]),
+    "mixed": ([1, 37, 1, 3], [1023, 37, 513, 40]),
+    "chunked": ([64], [513]),
+}
+
 
 @dataclass(frozen=True)
 class Problem:
     q: jnp.ndarray  # [T, Hq, D]
     k_pages: jnp.ndarray  # [Hkv, P, PS, D]
     v_pages: jnp.ndarray  # [Hkv, P, PS, D]
-    kv_lens: jnp.ndarray  # i32[S]
-    block_tables: jnp.ndarray  # i32[S, B]
-    cu_q_lens: jnp.ndarray  # i32[S + 1]
-    num_seqs: jnp.ndarray  # i32[1]
+    md: PagedAttentionMetadata  # S sequence slots, the last pad_seqs of them padding
     num_rows: int  # real query rows; rows past it are padding
 
     def args(self):
-        return (
-            self.q,
-            self.k_pages,
-            self.v_pages,
-            self.kv_lens,
-            self.block_tables,
-            self.cu_q_lens,
-            self.num_seqs,
-        )
+        """(q, k_pages, v_pages, md): the positional arguments of every attention op."""
+        return self.q, self.k_pages, self.v_pages, self.md
 
 
 def make_problem(
@@ -46,7 +60,8 @@ def make_problem(
     pad_seqs: int = 1,
     extra_table_pages: int = 1,
 ) -> Problem:
-    """`extra_table_pages`: block-table columns past the longest sequence's pages (the engine's tables are
+    """Sequence i has q_lens[i] query rows (its last ones) and kv_lens[i] tokens of context.
+    `extra_table_pages`: block-table columns past the longest sequence's pages (the engine's tables are
     max_model_len / page_size wide, most of them unused)."""
     rng = np.random.default_rng(seed)
     n = len(q_lens)
@@ -74,28 +89,23 @@ def make_problem(
     kvl[:n] = kv_lens
     t = int(cu[n]) + pad_rows
     q = rng.standard_normal((t, hq, d)).astype(np.float32)
-    return Problem(
-        q=jnp.asarray(q, dtype),
-        k_pages=jnp.asarray(k, dtype),
-        v_pages=jnp.asarray(v, dtype),
+    md = PagedAttentionMetadata(
         kv_lens=jnp.asarray(kvl),
         block_tables=jnp.asarray(bt),
         cu_q_lens=jnp.asarray(cu),
         num_seqs=jnp.asarray([n], jnp.int32),
+    )
+    return Problem(
+        q=jnp.asarray(q, dtype),
+        k_pages=jnp.asarray(k, dtype),
+        v_pages=jnp.asarray(v, dtype),
+        md=md,
         num_rows=int(cu[n]),
     )
 
 
-# Batch shapes by mode: (q_lens, kv_lens). Lengths 1, 3, 513, 1023 do not line up with pages.
-MODES = {
-    "decode": ([1, 1, 1, 1], [1, 3, 513, 1023]),
-    "prefill": ([3, 40], [3, 40]),
-    "mixed": ([1, 37, 1, 3], [1023, 37, 513, 40]),
-    "chunked": ([64], [513]),
-}
-
-
 def rel_err(out, ref) -> float:
+    """Relative L2 error of out against ref, in float32."""
     out = np.asarray(out, np.float32)
     ref = np.asarray(ref, np.float32)
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
