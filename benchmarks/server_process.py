@@ -212,7 +212,12 @@ def cache_file_count(path: str | None) -> int | None:
     return sum(len(files) for _, _, files in os.walk(path))
 
 
-_LOGGED_FIGURES = (("num_gpu_blocks", re.compile(r"KV cache blocks=(\d+)")),)
+_LOGGED_FIGURES = (
+    ("num_gpu_blocks", re.compile(r"KV cache blocks=(\d+)")),
+    ("max_model_len", re.compile(r"limits: .*?max_model_len=(\d+)")),
+    ("max_num_seqs", re.compile(r"limits: .*?max_num_seqs=(\d+)")),
+    ("max_num_batched_tokens", re.compile(r"limits: .*?max_num_batched_tokens=(\d+)")),
+)
 
 
 def _scalar(text: str) -> int | float | str:
