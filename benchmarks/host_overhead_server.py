@@ -36,7 +36,7 @@ class DeviceTimeEngine:
         self.host_s = host_s
         self._device_free = 0.0  # when the step in flight ends (perf_counter seconds)
         self.tokenizer = None
-        self.config = SimpleNamespace(model=SimpleNamespace(served_model_name=name))
+        self.sampling_defaults = {}
         self.loaded = SimpleNamespace(model_name=name, arch=SimpleNamespace(vocab_size=vocab_size))
         self.max_model_len = max_model_len
         self.startup_info = {"model": name, "device_ms": device_s * 1e3}

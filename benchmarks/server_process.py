@@ -213,8 +213,10 @@ def cache_file_count(path: str | None) -> int | None:
 
 
 _LOGGED_FIGURES = (
-    ("num_gpu_blocks", re.compile(r"# GPU blocks: (\d+)")),
-    ("compile_time_s", re.compile(r"Compilation and warm-up took ([\d.]+) s")),
+    ("num_gpu_blocks", re.compile(r"KV cache blocks=(\d+)")),
+    ("max_model_len", re.compile(r"limits: .*?max_model_len=(\d+)")),
+    ("max_num_seqs", re.compile(r"limits: .*?max_num_seqs=(\d+)")),
+    ("max_num_batched_tokens", re.compile(r"limits: .*?max_num_batched_tokens=(\d+)")),
 )
 
 
@@ -228,9 +230,9 @@ def _scalar(text: str) -> int | float | str:
 
 
 def engine_startup_from_log(log_path: str) -> dict:
-    """The engine's startup figures from the lines `jaxllm serve` logs once the engine is built:
-    "# GPU blocks: N", "Compilation and warm-up took S s" and "Engine: key=value, ..." (load_time_s,
-    compiled_variants, startup_time_s, ...). Empty when the log holds none of them."""
+    """The engine's startup figures from the lines `jaxllm serve` logs once the engine is built: the
+    engine's "limits: ... KV cache blocks=N ..." and the server's "Engine: key=value, ..." (load_time_s,
+    compile_time_s, compiled_variants, startup_time_s, ...). Empty when the log holds none of them."""
     info: dict = {}
     try:
         with open(log_path, errors="replace") as f:

@@ -1,24 +1,84 @@
-"""Engine configuration: frozen dataclasses checked in `__post_init__` (no jax here).
+"""The engine's resolved configuration: what it runs with, every value concrete (no jax here).
 
-`EngineConfig` groups what the engine, scheduler and runner need. The CLI and `LLM(...)` build it from
-vLLM-named arguments; model-derived values (max_model_len default, KV geometry) are filled in by the
-engine once the model's config is read.
+    EngineArgs (engine_args.py: what users set, None = the platform's default)
+      --EngineArgs.create_engine_config(platform, model limits, usage)--> EngineConfig (this module)
+      --> loader (ModelSpec), Scheduler (SchedulerConfig, CacheConfig), runner (RunnerConfig), start-up log
+
+Field ranges are checked once, where users set them (EngineArgs). These dataclasses check only the
+relations between fields that the scheduler and the mesh rely on, through the same functions EngineArgs
+uses, so a bad combination is described the same way wherever it is caught: by the flags' names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy", "orbax")
 ATTENTION_BACKENDS = ("auto", "reference", "pallas", "pallas-hopper")
 QUANTIZATIONS = (None, "gguf")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+SCHEDULING_POLICIES = ("fcfs", "priority")
+USAGES = ("offline", "server")  # who runs the engine: LLM(...) or the API server (their defaults differ)
+
+# generation_config.json keys the engine takes as request defaults, and the SamplingParams field each sets
+# (vLLM's --generation-config takes the same six).
+GENERATION_CONFIG_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
-def _check(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ValueError(msg)
+def check_chunked_prefill_fit(enable_chunked_prefill: bool, max_num_batched_tokens: int, max_model_len: int):
+    """Without chunked prefill a whole prompt (up to max_model_len tokens) must fit one step's budget."""
+    if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens={max_num_batched_tokens} (--max-num-batched-tokens) is smaller than "
+            f"max_model_len={max_model_len} (--max-model-len) with chunked prefill off "
+            "(--no-enable-chunked-prefill): a prompt of max_model_len tokens could never be scheduled; raise "
+            "--max-num-batched-tokens, lower --max-model-len, or enable chunked prefill"
+        )
+
+
+def check_process_id(process_id: int, num_processes: int) -> None:
+    if not 0 <= process_id < num_processes:
+        raise ValueError(
+            f"process_id={process_id} (--process-id) must be in [0, num_processes={num_processes}) "
+            "(--num-processes)"
+        )
+
+
+def sampling_defaults_from(generation_config: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The SamplingParams defaults a generation config (generation_config.json's names) sets; other keys
+    (eos ids, do_sample, ...) are not sampling defaults. Raises ValueError naming `where` for a value
+    SamplingParams refuses."""
+    from jaxllm.sampling_params import SamplingParams
+
+    values = {
+        GENERATION_CONFIG_FIELDS[k]: v
+        for k, v in generation_config.items()
+        if k in GENERATION_CONFIG_FIELDS and v is not None
+    }
+    try:
+        SamplingParams(**values)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDefaults:
+    """Sampling defaults for requests that leave fields out, and where they come from (for the log)."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)  # SamplingParams field -> value
+    source: str = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,25 +89,7 @@ class ModelSpec:
     load_format: str = "auto"
     quantization: str | None = None
     seed: int = 0
-    max_model_len: int | None = None
-    served_model_name: str | None = None
-    chat_template: str | None = None
     checkpoint_dir: str | None = None  # orbax cache of converted params
-
-    def __post_init__(self) -> None:
-        _check(self.dtype in DTYPES, f"dtype={self.dtype!r} must be one of {DTYPES}")
-        _check(
-            self.load_format in LOAD_FORMATS,
-            f"load_format={self.load_format!r} must be one of {LOAD_FORMATS}",
-        )
-        _check(
-            self.quantization in QUANTIZATIONS,
-            f"quantization={self.quantization!r} is not supported; supported: {QUANTIZATIONS}",
-        )
-        _check(
-            self.max_model_len is None or self.max_model_len >= 1,
-            f"max_model_len={self.max_model_len} must be >= 1",
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,31 +101,12 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
 
-    def __post_init__(self) -> None:
-        _check(
-            self.block_size in (8, 16, 32, 64, 128),
-            f"block_size={self.block_size} must be one of 8, 16, 32, 64, 128",
-        )
-        _check(
-            0.0 < self.gpu_memory_utilization <= 1.0,
-            f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]",
-        )
-        _check(
-            self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1,
-            f"num_gpu_blocks_override={self.num_gpu_blocks_override} must be >= 1",
-        )
-        _check(self.swap_space_gib >= 0, f"swap_space={self.swap_space_gib} must be >= 0 (GiB)")
-        _check(
-            self.kv_cache_dtype in KV_CACHE_DTYPES,
-            f"kv_cache_dtype={self.kv_cache_dtype!r} must be one of {KV_CACHE_DTYPES}",
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048  # filled from the model when not given
+    max_model_len: int = 2048
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # "fcfs" | "priority"
     # Schedule step N+1 while step N runs on the device (its sampled ids feed N+1 on the device); steps with
@@ -91,18 +114,9 @@ class SchedulerConfig:
     async_scheduling: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.max_num_seqs >= 1, f"max_num_seqs={self.max_num_seqs} must be >= 1")
-        _check(
-            self.max_num_batched_tokens >= 1,
-            f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= 1",
+        check_chunked_prefill_fit(
+            self.enable_chunked_prefill, self.max_num_batched_tokens, self.max_model_len
         )
-        _check(self.max_model_len >= 1, f"max_model_len={self.max_model_len} must be >= 1")
-        _check(
-            self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
-            f"with chunked prefill off, max_num_batched_tokens={self.max_num_batched_tokens} must be >= "
-            f"max_model_len={self.max_model_len}",
-        )
-        _check(self.policy in ("fcfs", "priority"), f"policy={self.policy!r} must be 'fcfs' or 'priority'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,37 +127,18 @@ class ParallelConfig:
     process_id: int = 0
 
     def __post_init__(self) -> None:
-        _check(
-            self.tensor_parallel_size >= 1, f"tensor_parallel_size={self.tensor_parallel_size} must be >= 1"
-        )
-        _check(self.num_processes >= 1, f"num_processes={self.num_processes} must be >= 1")
-        _check(
-            0 <= self.process_id < self.num_processes,
-            f"process_id={self.process_id} must be in [0, num_processes={self.num_processes})",
-        )
+        check_process_id(self.process_id, self.num_processes)
 
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
-    # auto: pallas-hopper on sm_90 (Mosaic GPU decode and long-prefill kernels), pallas on other GPUs,
-    # reference elsewhere (jaxllm/layers/attention.py: resolve_backend)
-    attention_backend: str = "auto"
-    enforce_eager: bool = False  # skip ahead-of-time compilation of every bucket at startup
-    # Compile every bucket at startup. None: on accelerators yes; on the host no (each variant of a
-    # 30-layer model costs seconds of CPU there), so variants compile on first use and land in the
-    # persistent cache.
-    compile_ahead: bool | None = None
-    compilation_cache_dir: str | None = None  # None: ~/.cache/jaxllm/xla ; "" disables
-    # Keep compiled step executables under the compilation cache and load them at the next start without
-    # tracing (runner/executable_cache.py). None: on for the API server, off for LLM(...) (whose users may
-    # patch the forward pass at run time, which the cache's key does not see).
-    executable_cache: bool | None = None
-
-    def __post_init__(self) -> None:
-        _check(
-            self.attention_backend in ATTENTION_BACKENDS,
-            f"attention_backend={self.attention_backend!r} must be one of {ATTENTION_BACKENDS}",
-        )
+    attention_backend: str = "reference"  # never "auto" once resolved
+    compile_ahead: bool = False  # compile every bucket at start-up (else on first use)
+    compilation_cache_dir: str | None = None  # JAX's persistent cache; None: off
+    executable_cache: bool = False  # keep compiled step executables under the compilation cache
+    # Each bucket is this much larger than the one below it. On the host every compiled variant costs
+    # seconds of CPU, so fewer, coarser buckets there.
+    bucket_growth: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +148,5 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    usage: str = "offline"

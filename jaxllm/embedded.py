@@ -8,6 +8,11 @@ import os
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The embedded model's generation config (generation_config.json's names), the request sampling defaults of
+# `--generation-config auto`. The GGUF file carries neither a generation_config.json nor general.sampling.*
+# keys, so these come from the model card (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct), whose usage
+# example samples with `model.generate(inputs, max_new_tokens=50, temperature=0.2, top_p=0.9, do_sample=True)`.
+EMBEDDED_GENERATION_CONFIG = {"temperature": 0.2, "top_p": 0.9}
 
 
 def embedded_model_path() -> str:

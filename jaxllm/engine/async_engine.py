@@ -8,7 +8,7 @@ the outputs to the loop and steps again. The loop's work for those outputs (SSE 
 then runs beside the next steps instead of between them (on the H200 at 32 streams the old design, where
 the loop started each step, left the step thread waiting for the loop about 1.9 ms per step). The two
 threads still share the GIL: with Python's 5 ms switch interval the HTTP work delays the step thread just
-as much, so the server sets a short one (`--gil-switch-interval-ms`, jaxllm/server/cli.py, with the measurements).
+as much, so the server sets a short one (`--gil-switch-interval-ms`, jaxllm/server/args.py).
 The engine is touched only by the engine thread (`prepare_request`, which validates and tokenizes, is the
 exception: it reads no state a step changes). A stream that is closed before its request finishes (a
 client disconnect) aborts the request and frees its blocks.
@@ -21,8 +21,8 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 
-from jaxllm.config import EngineConfig
 from jaxllm.engine.llm_engine import LLMEngine
+from jaxllm.engine_args import EngineArgs
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats
@@ -34,9 +34,8 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, served_model_name: str | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.model_name = (
-            served_model_name or engine.config.model.served_model_name or engine.loaded.model_name
-        )
+        self.model_name = served_model_name or engine.loaded.model_name
+        self.sampling_defaults = engine.sampling_defaults  # for requests that leave fields out
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.loaded.arch.vocab_size
         self.startup_info = dict(engine.startup_info, served_model_name=self.model_name)
@@ -53,10 +52,10 @@ class AsyncLLMEngine:
         self.errored: BaseException | None = None
 
     @classmethod
-    def from_config(
-        cls, config: EngineConfig, *, user_set: frozenset[str] = frozenset(), usage: str = "server"
+    def from_engine_args(
+        cls, args: EngineArgs, *, served_model_name: str | None = None, usage: str = "server"
     ) -> AsyncLLMEngine:
-        return cls(LLMEngine(config, user_set=user_set, usage=usage))
+        return cls(LLMEngine.from_engine_args(args, usage), served_model_name)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:

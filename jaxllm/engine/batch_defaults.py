@@ -1,4 +1,5 @@
-"""Scheduler limits the user left unset: vLLM's defaults for the platform and the entry point.
+"""Scheduler limits the user left unset: vLLM's defaults for the platform and the entry point
+(read by `EngineArgs.create_engine_config`, the one place platform defaults are resolved).
 
 vLLM picks `max_num_seqs` / `max_num_batched_tokens` from the device and from who runs the engine:
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-USAGES = ("offline", "server")
+from jaxllm.config import USAGES
 
 _GIB = 2**30
 _LARGE_DEVICE_BYTES = 70 * _GIB

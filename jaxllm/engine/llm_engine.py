@@ -4,190 +4,62 @@
     step():  Scheduler.schedule() -> ModelRunner.execute() -> Scheduler.update_from_output()
              -> OutputProcessor (detokenize, stop strings, logprobs) -> list[RequestOutput]
 
-Startup: load the model (or restore converted params), size the KV cache from gpu_memory_utilization,
-allocate it, compile every bucket (unless enforce_eager), log what vLLM logs.
+Start-up (load the model, resolve the configuration, size the KV cache, build the runner and scheduler,
+compile, log) is `LLMEngine.from_engine_args`, in engine/builder.py; the engine is handed the built parts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import os
 import random
 import time
 
-import jax
-
 from jaxllm.config import EngineConfig
 from jaxllm.core.scheduler import Scheduler
-from jaxllm.engine.batch_defaults import default_batch_limits, device_total_memory
 from jaxllm.engine.detokenizer import IncrementalDetokenizer
-from jaxllm.engine.heap import collect_dropped_engines, freeze_startup_heap
 from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentState
-from jaxllm.layers.attention import resolve_backend
-from jaxllm.loader import load_model
+from jaxllm.engine_args import EngineArgs
+from jaxllm.loader import LoadedModel
 from jaxllm.outputs import RequestMetrics, RequestOutput
-from jaxllm.parallel import agree_on_min, initialize_distributed, plan_tensor_parallel
+from jaxllm.parallel import TensorParallelPlan
+from jaxllm.parallel.distributed import DistributedSettings
 from jaxllm.request import Request, RequestStatus
-from jaxllm.runner import executable_cache
-from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats
 
 logger = logging.getLogger("jaxllm")
 
-_CPU_MAX_MODEL_LEN = 2048
-
-
-def size_device_memory_pool(gpu_memory_utilization: float) -> None:
-    """XLA's GPU memory pool takes the fraction vLLM users set (JAX's own default is 75%). Effective only
-    before JAX starts its backend, so every entry point calls this first."""
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{min(gpu_memory_utilization, 0.99):.3f}")
-
-
-def enable_compilation_cache(path: str | None) -> str | None:
-    if path == "":
-        return None
-    path = path or os.environ.get("JAXLLM_CACHE_DIR") or os.path.expanduser("~/.cache/jaxllm/xla")
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-    return path
-
 
 class LLMEngine:
     def __init__(
-        self, config: EngineConfig, *, user_set: frozenset[str] = frozenset(), usage: str = "offline"
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        *,
+        tp: TensorParallelPlan,
+        distributed: DistributedSettings,
+        cache_dir: str | None,
+        startup_info: dict,
     ):
-        """`user_set` names the scheduler fields the user gave explicitly; the others get vLLM's defaults for
-        the platform and `usage` ("offline" for LLM(...), "server" for the API server; batch_defaults.py)."""
-        t_start = time.perf_counter()
-        collect_dropped_engines()  # an engine dropped since the last start-up frees its device memory now
-        size_device_memory_pool(config.cache.gpu_memory_utilization)
-        self.distributed = initialize_distributed(config.parallel)  # before any other jax use
-        self.cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
-        on_host = jax.default_backend() == "cpu"
-        backend = resolve_backend(config.runner.attention_backend)
+        """The parts come from `from_engine_args` (engine/builder.py); `config` is the resolved one they
+        were built with."""
+        self.config = config
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.runner = runner
+        self.scheduler = scheduler
+        self.tp = tp
+        self.distributed = distributed
+        self.cache_dir = cache_dir
+        self.startup_info = startup_info
+        self.max_model_len = config.scheduler.max_model_len
+        # Request sampling defaults (--generation-config), as SamplingParams keyword arguments.
+        self.sampling_defaults = dict(config.generation.values)
         self.step_channel = None  # set on process 0 by jaxllm.parallel.follower.lead (several hosts)
-        self.tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, config.model)
-        self.loaded = load_model(
-            config.model, attn_backend=backend, sharding_fn=self.tp.sharding_fn, tp_size=self.tp.size
-        )
-        arch = self.loaded.arch
-        self.tokenizer = self.loaded.tokenizer
-
-        sched = config.scheduler
-        max_model_len = config.model.max_model_len or arch.max_position_embeddings
-        if on_host and config.model.max_model_len is None:
-            max_model_len = min(max_model_len, _CPU_MAX_MODEL_LEN)
-        if max_model_len > arch.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
-                f"{arch.max_position_embeddings}"
-            )
-        device = jax.local_devices()[0]
-        default_seqs, default_tokens = default_batch_limits(
-            usage,
-            jax.default_backend(),
-            device_total_memory(device.memory_stats()),
-            getattr(device, "device_kind", ""),
-        )
-        max_num_seqs = sched.max_num_seqs if "max_num_seqs" in user_set else default_seqs
-        max_tokens = sched.max_num_batched_tokens if "max_num_batched_tokens" in user_set else default_tokens
-        if not sched.enable_chunked_prefill:
-            max_tokens = max(max_tokens, max_model_len)
-        sched = dataclasses.replace(
-            sched, max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens
-        )
-        self.config = dataclasses.replace(config, scheduler=sched)
-        self.max_model_len = max_model_len
-        cache = config.cache
-        param_dtype = jax.tree.leaves(self.loaded.params)[0].dtype
-        kv_dtype = param_dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
-
-        keep = config.runner.executable_cache
-        keep = (usage == "server" if keep is None else keep) and executable_cache.supported()
-        executables = ExecutableCache(
-            os.path.join(self.cache_dir, "executables") if keep and self.cache_dir else None
-        )
-        self.runner = ModelRunner(
-            self.loaded.module,
-            self.loaded.params,
-            num_layers=arch.num_layers,
-            num_kv_heads=self.tp.kv_heads(arch.num_kv_heads),
-            head_dim=arch.head_dim,
-            vocab_size=arch.vocab_size,
-            kv_dtype=kv_dtype,
-            block_size=cache.block_size,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_tokens,
-            bucket_pages=backend == "reference",
-            bucket_growth=4 if on_host else 2,
-            kv_sharding=self.tp.kv_sharding,
-            executable_cache=executables,
-        )
-        with self.tp.context():
-            num_blocks, why = self.runner.determine_num_blocks(
-                cache.gpu_memory_utilization, cache.num_gpu_blocks_override, max_num_seqs
-            )
-        num_blocks = agree_on_min(num_blocks)  # every host allocates the same cache
-        num_cpu_blocks = int(cache.swap_space_gib * 2**30) // self.runner.geometry.bytes_per_block
-        self.runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
-        self.scheduler = Scheduler(sched, cache, num_blocks, num_cpu_blocks)
-        self.compile_time_s = 0.0
-        ahead = config.runner.compile_ahead if config.runner.compile_ahead is not None else not on_host
-        if ahead and not config.runner.enforce_eager:
-            with self.tp.context():
-                self.compile_time_s = self.runner.compile_all()
-
-        kv_gib = num_blocks * self.runner.geometry.bytes_per_block / 2**30
-        self.max_concurrency = num_blocks * cache.block_size / max_model_len
-        self.startup_info = {
-            "model": self.loaded.model_name,
-            "dtype": str(param_dtype),
-            "kv_cache_dtype": str(kv_dtype),
-            "attention_backend": backend,
-            "num_gpu_blocks": num_blocks,
-            "num_cpu_blocks": num_cpu_blocks,
-            "block_size": cache.block_size,
-            "kv_cache_gib": round(kv_gib, 3),
-            "max_model_len": max_model_len,
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_tokens,
-            "max_concurrency": round(self.max_concurrency, 2),
-            "load_time_s": round(self.loaded.load_time_s, 2),
-            "compile_time_s": round(self.compile_time_s, 2),
-            "compiled_variants": self.runner.num_compiled(),
-            "startup_time_s": round(time.perf_counter() - t_start, 2),
-            "compilation_cache": self.cache_dir,
-            "executables_loaded": executables.hits,
-        }
-        logger.info(
-            "model %s (%s, attention %s) loaded in %.2f s",
-            self.loaded.model_name,
-            self.startup_info["dtype"],
-            backend,
-            self.loaded.load_time_s,
-        )
-        logger.info(
-            "KV cache: %d blocks of %d tokens, %.3f GiB (%s)", num_blocks, cache.block_size, kv_gib, why
-        )
-        logger.info(
-            "maximum concurrency for %d tokens per request: %.2fx", max_model_len, self.max_concurrency
-        )
-        logger.info(
-            "compiled %d step variants in %.1f s, %d more compiling in the background (cache: %s%s)",
-            self.runner.num_compiled(),
-            self.compile_time_s,
-            self.runner.num_compiling_in_background(),
-            self.cache_dir,
-            f"; executables: {executables.hits} loaded, {executables.misses} compiled"
-            if executables.directory
-            else "",
-        )
 
         self.output_processor = OutputProcessor(self.tokenizer)
         self._inflight = None  # the dispatched step not yet collected (async scheduling)
@@ -195,17 +67,18 @@ class LLMEngine:
         self._counter = itertools.count()
         self.last_step_tokens = 0
         self._rng = random.Random(config.model.seed)
-        eos = arch.eos_token_ids or []
+        eos = loaded.arch.eos_token_ids or []
         tok_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_id = tok_eos if tok_eos is not None else (eos[0] if eos else None)
         self.extra_eos_ids = [e for e in eos if e != self.eos_token_id]
-        t0 = time.perf_counter()
-        self.startup_info["gc_frozen_objects"] = freeze_startup_heap()
-        logger.info(
-            "froze the start-up heap for the garbage collector: %d objects in %.2f s",
-            self.startup_info["gc_frozen_objects"],
-            time.perf_counter() - t0,
-        )
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, usage: str = "offline") -> LLMEngine:
+        """Load, resolve, size, build, compile (engine/builder.py). `usage`: "offline" for LLM(...),
+        "server" for the API server (their platform defaults differ: engine/batch_defaults.py)."""
+        from jaxllm.engine.builder import build_engine
+
+        return build_engine(args, usage)
 
     # ---- requests ------------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from jaxllm.config import CacheConfig, EngineConfig, ModelSpec, ParallelConfig, RunnerConfig, SchedulerConfig
+from jaxllm.engine_args import engine_args_from_kwargs
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
@@ -17,94 +17,19 @@ logger = logging.getLogger("jaxllm")
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        tokenizer: str | None = None,
-        tensor_parallel_size: int = 1,
-        coordinator_address: str | None = None,
-        num_processes: int = 1,
-        process_id: int = 0,
-        dtype: str = "auto",
-        quantization: str | None = None,
-        seed: int = 0,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        swap_space: float = 0.0,
-        enable_prefix_caching: bool = True,
-        enable_chunked_prefill: bool = True,
-        max_num_batched_tokens: int | None = None,
-        max_num_seqs: int | None = None,
-        block_size: int = 16,
-        num_gpu_blocks_override: int | None = None,
-        kv_cache_dtype: str = "auto",
-        load_format: str = "auto",
-        enforce_eager: bool = False,
-        compile_ahead: bool | None = None,
-        attention_backend: str = "auto",
-        checkpoint_dir: str | None = None,
-        compilation_cache_dir: str | None = None,
-        executable_cache: bool = False,
-        scheduling_policy: str = "fcfs",
-        async_scheduling: bool = True,
-    ):
-        # Size XLA's GPU memory pool from the same fraction vLLM users set (only effective before jax starts).
-        from jaxllm.engine.llm_engine import LLMEngine, size_device_memory_pool
+    def __init__(self, model: str | None = None, **kwargs):
+        """`model`: an HF folder, a GGUF file or a preset (None: the embedded SmolLM2-135M-Instruct); the
+        keywords are the fields of `jaxllm.engine_args.EngineArgs` (vLLM's names, e.g. max_model_len,
+        tensor_parallel_size, gpu_memory_utilization); an unknown one is a TypeError naming it."""
+        from jaxllm.engine.llm_engine import LLMEngine
 
-        size_device_memory_pool(gpu_memory_utilization)
+        args = engine_args_from_kwargs("LLM()", model, kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(args, usage="offline")
 
-        user_set = set()
-        sched_kw = {
-            "enable_chunked_prefill": enable_chunked_prefill,
-            "policy": scheduling_policy,
-            "async_scheduling": async_scheduling,
-        }
-        if max_num_seqs is not None:
-            sched_kw["max_num_seqs"] = max_num_seqs
-            user_set.add("max_num_seqs")
-        if max_num_batched_tokens is not None:
-            sched_kw["max_num_batched_tokens"] = max_num_batched_tokens
-            user_set.add("max_num_batched_tokens")
-        if not enable_chunked_prefill and max_num_batched_tokens is None:
-            sched_kw["max_num_batched_tokens"] = max(max_model_len or 0, 2048)
-        if max_model_len is not None:
-            sched_kw["max_model_len"] = max_model_len
-        config = EngineConfig(
-            model=ModelSpec(
-                model=model,
-                tokenizer=tokenizer,
-                dtype=dtype,
-                load_format=load_format,
-                quantization=quantization,
-                seed=seed,
-                max_model_len=max_model_len,
-                checkpoint_dir=checkpoint_dir,
-            ),
-            cache=CacheConfig(
-                block_size=block_size,
-                gpu_memory_utilization=gpu_memory_utilization,
-                num_gpu_blocks_override=num_gpu_blocks_override,
-                swap_space_gib=swap_space,
-                enable_prefix_caching=enable_prefix_caching,
-                kv_cache_dtype=kv_cache_dtype,
-            ),
-            scheduler=SchedulerConfig(**sched_kw),
-            parallel=ParallelConfig(
-                tensor_parallel_size=tensor_parallel_size,
-                coordinator_address=coordinator_address,
-                num_processes=num_processes,
-                process_id=process_id,
-            ),
-            runner=RunnerConfig(
-                attention_backend=attention_backend,
-                enforce_eager=enforce_eager,
-                compile_ahead=compile_ahead,
-                compilation_cache_dir=compilation_cache_dir,
-                executable_cache=executable_cache,
-            ),
-        )
-        self.llm_engine = LLMEngine(config, user_set=frozenset(user_set))
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() and chat() use when given no sampling params: SamplingParams with the model's
+        generation config applied (--generation-config / generation_config=; vLLM's behaviour)."""
+        return SamplingParams(**self.llm_engine.sampling_defaults)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -120,7 +45,7 @@ class LLM:
     ) -> list[RequestOutput]:
         items = _normalize_prompts(prompts, prompt_token_ids)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = (
             [sampling_params] * len(items)
             if isinstance(sampling_params, SamplingParams)

@@ -1,6 +1,22 @@
 """Weight loading: HF safetensors folders, GGUF files, random presets, and an orbax cache of the result."""
 
 from jaxllm.loader.checkpoint import restore_params, save_params
-from jaxllm.loader.loader import LoadedModel, load_model, resolve_dtype
+from jaxllm.loader.loader import (
+    LoadedModel,
+    ModelSource,
+    load_model,
+    load_weights,
+    open_model,
+    resolve_dtype,
+)
 
-__all__ = ["LoadedModel", "load_model", "resolve_dtype", "restore_params", "save_params"]
+__all__ = [
+    "LoadedModel",
+    "ModelSource",
+    "load_model",
+    "load_weights",
+    "open_model",
+    "resolve_dtype",
+    "restore_params",
+    "save_params",
+]

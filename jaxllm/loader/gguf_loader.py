@@ -25,6 +25,15 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 _PERMUTED_QK = ("llama", "mistral")  # llama.cpp's converter permutes Q/K rows only for these
+# llama.cpp's recommended-sampling metadata -> generation_config.json's names (the ones jaxllm takes as
+# request defaults; config.GENERATION_CONFIG_FIELDS)
+GGUF_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
 
 
 def open_gguf(path: str):
@@ -76,6 +85,8 @@ def gguf_hf_config(reader, path: str) -> dict[str, Any]:
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",  # dequantized
+        # kept with the config, so a model restored from the orbax cache still has them
+        "gguf_generation_config": gguf_generation_config(reader),
     }
     scaling_type = get("rope.scaling.type")
     if scaling_type in ("linear", "yarn"):
@@ -87,6 +98,16 @@ def gguf_hf_config(reader, path: str) -> dict[str, Any]:
     elif scaling_type not in (None, "none"):
         raise ValueError(f"{path}: rope scaling type {scaling_type!r} is not supported")
     return cfg
+
+
+def gguf_generation_config(reader) -> dict[str, Any]:
+    """The file's general.sampling.* keys, named as in generation_config.json (empty when it has none)."""
+    out = {}
+    for key, name in GGUF_SAMPLING_KEYS.items():
+        value = _field(reader, key)
+        if value is not None:
+            out[name] = int(value) if name == "top_k" else float(value)
+    return out
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:

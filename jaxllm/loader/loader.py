@@ -1,4 +1,6 @@
-"""`load_model(spec)`: resolve where the model comes from, build the module, fill its params.
+"""`load_model(spec)` = `load_weights(open_model(spec))`: resolve where the model comes from and read its
+configuration (open_model: no weights touched, so the engine settles its limits first), then build the
+module and fill its params (load_weights).
 
   spec.model None      -> embedded GGUF (SmolLM2-135M-Instruct)
   "*.gguf" file        -> gguf_loader (dequantized)         } with spec.checkpoint_dir: restore the orbax
@@ -87,23 +89,32 @@ def source_kind(spec: ModelSpec) -> tuple[str, str]:
 
 
 def _model_name(spec: ModelSpec, path: str) -> str:
-    if spec.served_model_name:
-        return spec.served_model_name
     if spec.model is None:
         return EMBEDDED_MODEL_NAME
     return os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
 
 
-def load_model(
-    spec: ModelSpec,
-    attn_backend: str = "reference",
-    sharding_fn: ShardingFn | None = None,
-    tp_size: int = 1,
-) -> LoadedModel:
-    """`sharding_fn(path, ShapeDtypeStruct) -> Sharding` optionally places each parameter as it loads;
-    `tp_size`: the shards the model's fused projections are laid out for (models/fused_projections.py)."""
-    from jaxllm.loader.gguf_loader import gguf_hf_config, load_gguf_params, open_gguf
-    from jaxllm.loader.safetensors_loader import load_safetensors_params, read_hf_config
+@dataclass(frozen=True)
+class ModelSource:
+    """A model before its weights: where it comes from and its architecture (config files or the GGUF
+    header), so the engine can settle its configuration before the slow part of a load."""
+
+    spec: ModelSpec
+    kind: str  # "gguf" | "hf" | "dummy"
+    path: str  # file, folder or preset name
+    hf_config: dict  # HF-style config (for GGUF: made from its metadata)
+    arch: ModelArchConfig
+    tp_size: int  # the shards the fused projections are laid out for (models/fused_projections.py)
+    cache: CheckpointCache | None  # orbax cache of converted params (spec.checkpoint_dir)
+    from_cache: bool  # the cache is valid and will be restored
+    reader: Any  # the open GGUFReader when the weights come from a GGUF file, else None
+    open_s: float  # seconds spent reading the header and configs
+
+
+def open_model(spec: ModelSpec, tp_size: int = 1) -> ModelSource:
+    """Resolve the source and read its configuration; touches no weights."""
+    from jaxllm.loader.gguf_loader import gguf_hf_config, open_gguf
+    from jaxllm.loader.safetensors_loader import read_hf_config
 
     start = time.perf_counter()
     kind, path = source_kind(spec)
@@ -129,7 +140,33 @@ def load_model(
     else:
         hf_config = get_preset(path)
     arch = ModelArchConfig.from_hf(hf_config)
-    module = build_model(arch, attn_backend, tp_size)
+    return ModelSource(
+        spec, kind, path, hf_config, arch, tp_size, cache, from_cache, reader, time.perf_counter() - start
+    )
+
+
+def load_model(
+    spec: ModelSpec,
+    attn_backend: str = "reference",
+    sharding_fn: ShardingFn | None = None,
+    tp_size: int = 1,
+) -> LoadedModel:
+    """`sharding_fn(path, ShapeDtypeStruct) -> Sharding` optionally places each parameter as it loads;
+    `tp_size`: the shards the model's fused projections are laid out for (models/fused_projections.py)."""
+    return load_weights(open_model(spec, tp_size), attn_backend, sharding_fn)
+
+
+def load_weights(
+    source: ModelSource, attn_backend: str = "reference", sharding_fn: ShardingFn | None = None
+) -> LoadedModel:
+    """Build the module for `attn_backend` and fill its params from `source` (see load_model)."""
+    from jaxllm.loader.gguf_loader import load_gguf_params
+    from jaxllm.loader.safetensors_loader import load_safetensors_params
+
+    start = time.perf_counter() - source.open_s
+    spec, kind, path, arch, cache = source.spec, source.kind, source.path, source.arch, source.cache
+    from_cache = source.from_cache
+    module = build_model(arch, attn_backend, source.tp_size)
     groups = fused_groups(module)
     dtype = resolve_dtype(spec.dtype, arch.dtype)
     abstract = abstract_params(module, dtype)
@@ -144,8 +181,8 @@ def load_model(
     elif from_cache:
         params = cache.restore(_with_shardings(abstract, sharding_fn))
     elif kind == "gguf":
-        gguf_arch = hf_config["gguf_architecture"]
-        params = load_gguf_params(reader, path, arch, gguf_arch, abstract, sharding_fn, groups)
+        gguf_arch = source.hf_config["gguf_architecture"]
+        params = load_gguf_params(source.reader, path, arch, gguf_arch, abstract, sharding_fn, groups)
     else:
         params = load_safetensors_params(path, arch, abstract, sharding_fn, groups)
     jax.block_until_ready(params)
@@ -154,7 +191,7 @@ def load_model(
     tokenizer, tokenizer_s = tokenizer_future.result()
     if cache is not None and not from_cache:
         save_start = time.perf_counter()
-        cache.save(params, hf_config, tokenizer)
+        cache.save(params, source.hf_config, tokenizer)
         logger.info(
             "saved converted params to %s in %.2f s", spec.checkpoint_dir, time.perf_counter() - save_start
         )
@@ -183,13 +220,13 @@ def _load_tokenizer(spec: ModelSpec, kind: str, path: str, cache: CheckpointCach
     from jaxllm.tokenizer import load_tokenizer
 
     if spec.tokenizer is not None:
-        return load_tokenizer(spec.tokenizer, spec.chat_template)
+        return load_tokenizer(spec.tokenizer)
     if cache is not None:
-        return load_tokenizer(cache.tokenizer_dir, spec.chat_template) if cache.has_tokenizer else None
+        return load_tokenizer(cache.tokenizer_dir) if cache.has_tokenizer else None
     if kind == "dummy" and not os.path.isdir(path):
         return None
     try:
-        return load_tokenizer(path, spec.chat_template)
+        return load_tokenizer(path)
     except ValueError as e:  # weights without tokenizer files: fine for token-id inputs
         logger.warning("no tokenizer loaded for %s: %s", path, e)
         return None

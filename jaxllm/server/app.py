@@ -4,6 +4,8 @@
       lifespan: engine.start(), a periodic stats log line; on exit engine.shutdown() (drains requests)
       POST /v1/chat/completions, /v1/completions -> serving_chat / serving_completion
       GET /v1/models, /health, /version, /metrics;  POST /tokenize, /detokenize
+The generation routes fill the fields a request leaves out from the model's sampling defaults
+(--generation-config; protocol.with_sampling_defaults) before parsing it; a value the client sends wins.
 Every handler runs inside `_guard`: an APIError (or a client ValueError) answers that request alone; an
 unexpected exception is logged and answered with a 500 without touching other requests.
 """
@@ -28,7 +30,7 @@ from jaxllm.server.body import read_json_object
 from jaxllm.server.errors import APIError, error_body, error_response
 from jaxllm.server.generation import check_model
 from jaxllm.server.metrics import ServerMetrics, StatsLogger
-from jaxllm.server.protocol import parse_detokenize, parse_tokenize
+from jaxllm.server.protocol import parse_detokenize, parse_tokenize, with_sampling_defaults
 from jaxllm.server.serving_chat import create_chat_completion, render_chat
 from jaxllm.server.serving_completion import create_completion
 from jaxllm.server.state import ServerState
@@ -56,12 +58,14 @@ def _state(request: Request) -> ServerState:
 async def chat_completions(request: Request) -> Response:
     s = _state(request)
     body = await read_json_object(request, s.max_request_body_bytes)
+    body = with_sampling_defaults(body, s.sampling_defaults, chat=True)
     return await create_chat_completion(s, body, request)
 
 
 async def completions(request: Request) -> Response:
     s = _state(request)
     body = await read_json_object(request, s.max_request_body_bytes)
+    body = with_sampling_defaults(body, s.sampling_defaults, chat=False)
     return await create_completion(s, body, request)
 
 
@@ -134,14 +138,17 @@ def build_app(
     max_request_body_bytes: int = 1 << 20,
     disconnect_poll_s: float = 0.5,
     stats_interval_s: float = 10.0,
+    log_stats: bool = True,
     manage_engine: bool = True,
 ) -> Starlette:
-    """`manage_engine`: start the engine on startup and shut it down (draining) on exit."""
+    """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
+    line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off)."""
     names = list(served_model_names or [engine.model_name])
     state = ServerState(
         engine=engine,
         served_names=names,
         metrics=ServerMetrics(engine, names[0]),
+        sampling_defaults=dict(engine.sampling_defaults),
         chat_template=chat_template,
         api_key=api_key,
         max_request_body_bytes=max_request_body_bytes,
@@ -155,7 +162,7 @@ def build_app(
             await engine.start()
         stats = StatsLogger(state.metrics)
 
-        async def log_stats():
+        async def log_stats_lines():
             while True:
                 await asyncio.sleep(state.stats_interval_s)
                 try:
@@ -166,14 +173,15 @@ def build_app(
                 except Exception:
                     logger.exception("stats logging failed")
 
-        task = asyncio.ensure_future(log_stats())
+        task = asyncio.ensure_future(log_stats_lines()) if log_stats else None
         state.start_time = time.time()
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if manage_engine:
                 await engine.shutdown()
 

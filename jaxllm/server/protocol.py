@@ -3,6 +3,8 @@
 Unknown fields are ignored (SDKs send extras); known fields are type-checked here, ranges are checked by
 `SamplingParams` itself (its `ValueError` becomes a 400 in the handlers). Completions take `prompt` as a
 string, a list of strings, a list of token ids or a list of token-id lists; chat takes `messages`.
+Fields a client leaves out (absent or null) first take the model's sampling defaults
+(`with_sampling_defaults`, --generation-config), then the OpenAI defaults written below.
 """
 
 from __future__ import annotations
@@ -58,6 +60,22 @@ def get_str(body: dict, name: str, default: Any = None) -> Any:
     if not isinstance(v, str):
         raise _bad(name, "a string")
     return v
+
+
+def with_sampling_defaults(body: dict, defaults: dict, *, chat: bool) -> dict:
+    """`body` with each default (a SamplingParams field: temperature, top_p, top_k, min_p,
+    repetition_penalty, max_tokens) filled in where the client left that field out; explicit values are
+    kept. For chat, `max_completion_tokens` counts as giving max_tokens."""
+    if not defaults:
+        return body
+    out = dict(body)
+    for name, value in defaults.items():
+        given = out.get(name) is not None or (
+            chat and name == "max_tokens" and out.get("max_completion_tokens") is not None
+        )
+        if not given:
+            out[name] = value
+    return out
 
 
 def _is_token_ids(v: Any) -> bool:

@@ -13,6 +13,7 @@ class ServerState:
     engine: object  # AsyncLLMEngine or anything with its interface
     served_names: list[str]  # the first is reported in responses
     metrics: ServerMetrics
+    sampling_defaults: dict = field(default_factory=dict)  # SamplingParams fields for omitted request fields
     chat_template: str | None = None  # overrides the tokenizer's
     api_key: str | None = None
     max_request_body_bytes: int = 1 << 20

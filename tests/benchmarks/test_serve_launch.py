@@ -87,11 +87,16 @@ def test_engine_startup_from_log(tmp_path):
         "compilation_cache": "/tmp/jaxllm-xla",
     }
     log = tmp_path / "server.log"
-    lines = startup_lines(info, 1024, "http://0.0.0.0:8000")
-    log.write_text("".join(f"INFO 2026-12-02 11:00:00,000 jaxllm.server: {ln}\n" for ln in lines))
+    engine_line = (
+        "limits: max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=8192, KV cache blocks=54381 "
+        "of 16 tokens (106.213 GiB; ...), maximum concurrency 849.70x at 1024 tokens per request"
+    )
+    lines = [engine_line, *startup_lines(info, "http://0.0.0.0:8000")]
+    log.write_text("".join(f"INFO 2026-12-02 11:00:00,000 jaxllm: {ln}\n" for ln in lines))
     got = engine_startup_from_log(str(log))
-    shown_elsewhere = {"model", "dtype", "block_size", "max_concurrency"}  # other lines, not parsed
-    assert got == {k: v for k, v in info.items() if k not in shown_elsewhere}
+    shown_elsewhere = {"model", "dtype", "kv_cache_dtype", "attention_backend", "block_size", "max_concurrency"}
+    expected = {k: v for k, v in info.items() if k not in shown_elsewhere}  # the engine's other lines
+    assert got == {**expected, "max_model_len": 1024, "max_num_batched_tokens": 8192}
     log.write_text("Traceback (most recent call last):\n")
     assert engine_startup_from_log(str(log)) == {}
     assert engine_startup_from_log(str(tmp_path / "missing.log")) == {}

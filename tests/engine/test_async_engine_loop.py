@@ -22,7 +22,7 @@ class StepRecordingEngine:
     def __init__(self, length: int = 4):
         self.length = length
         self.tokenizer = None
-        self.config = SimpleNamespace(model=SimpleNamespace(served_model_name="stand-in"))
+        self.sampling_defaults = {}
         self.loaded = SimpleNamespace(model_name="stand-in", arch=SimpleNamespace(vocab_size=16))
         self.max_model_len = 64
         self.startup_info = {}

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxllm.config import ATTENTION_BACKENDS, RunnerConfig
+from jaxllm.config import ATTENTION_BACKENDS
+from jaxllm.engine_args import EngineArgs
 from jaxllm.kernels import ops as gpu_ops
 from jaxllm.kernels.kv_write_xla import ref_write_kv_cache
 from jaxllm.kernels.reference import ref_ragged_paged_attention
@@ -75,9 +76,9 @@ def test_backend_reaches_its_kernel(monkeypatch, backend, expected):
 
 def test_config_names_the_backends():
     assert "pallas-hopper" in ATTENTION_BACKENDS
-    assert RunnerConfig(attention_backend="pallas-hopper").attention_backend == "pallas-hopper"
-    with pytest.raises(ValueError, match="attention_backend='mosaic' must be one of"):
-        RunnerConfig(attention_backend="mosaic")
+    assert EngineArgs(attention_backend="pallas-hopper").attention_backend == "pallas-hopper"
+    with pytest.raises(ValueError, match="attention_backend='mosaic' .--attention-backend. must be one of"):
+        EngineArgs(attention_backend="mosaic")
     assert resolve_backend("pallas-hopper") == "pallas-hopper"
     assert resolve_backend("auto") == "reference"  # no GPU here
 

@@ -118,7 +118,7 @@ def test_distributed_settings_from_env(monkeypatch):
 
 
 def test_cli_flags_reach_the_config():
-    from jaxllm.server.cli import engine_config_from_args, parse_args
+    from jaxllm.server.cli import parse_args
 
     args = parse_args(
         [
@@ -133,7 +133,7 @@ def test_cli_flags_reach_the_config():
             "1",
         ]  # fmt: skip
     )
-    p = engine_config_from_args(args).parallel
+    p = args.engine.parallel_config()
     assert (p.tensor_parallel_size, p.coordinator_address, p.num_processes, p.process_id) == (4, "h:9", 2, 1)
 
 

@@ -20,13 +20,10 @@ def make_engine():
     """The engine under test: the mock, or with JAXLLM_SERVER_TEST_ENGINE=real the real engine on the
     embedded model (slow on a CPU: minutes of compilation per engine, three engines)."""
     if os.environ.get("JAXLLM_SERVER_TEST_ENGINE") == "real":
-        from jaxllm.config import EngineConfig, ModelSpec, SchedulerConfig
         from jaxllm.engine.async_engine import AsyncLLMEngine
+        from jaxllm.engine_args import EngineArgs
 
-        config = EngineConfig(
-            model=ModelSpec(max_model_len=512), scheduler=SchedulerConfig(max_model_len=512)
-        )
-        return AsyncLLMEngine.from_config(config, user_set=frozenset({"max_model_len"}))
+        return AsyncLLMEngine.from_engine_args(EngineArgs(max_model_len=512))
     return MockAsyncEngine()
 
 

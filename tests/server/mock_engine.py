@@ -79,6 +79,7 @@ class MockAsyncEngine:
             "max_concurrency": 64 * 16 / max_model_len,
             "compile_time_s": 0.0,
         }
+        self.sampling_defaults: dict = {}  # the model's generation config, as the real engine exposes it
         self.started = False
         self.abort_calls: list[str] = []
         self._aborted: set[str] = set()
@@ -88,8 +89,8 @@ class MockAsyncEngine:
 
     # --- lifecycle ---------------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config, *, user_set: frozenset[str] = frozenset()) -> MockAsyncEngine:
-        return cls(max_model_len=config.model.max_model_len or 256)
+    def from_engine_args(cls, args, *, served_model_name: str | None = None) -> MockAsyncEngine:
+        return cls(max_model_len=args.max_model_len or 256, model_name=served_model_name or "mock-model")
 
     async def start(self) -> None:
         self.started = True

@@ -11,16 +11,13 @@ from jaxllm.server.app import build_app
 
 @pytest.fixture(scope="module")
 def client():
-    from jaxllm.config import EngineConfig, ModelSpec, SchedulerConfig
     from jaxllm.engine.async_engine import AsyncLLMEngine
+    from jaxllm.engine_args import EngineArgs
 
-    config = EngineConfig(
-        model=ModelSpec(model="tiny-llama", load_format="dummy", max_model_len=128),
-        scheduler=SchedulerConfig(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64),
+    args = EngineArgs(
+        model="tiny-llama", load_format="dummy", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64
     )
-    engine = AsyncLLMEngine.from_config(
-        config, user_set=frozenset({"max_model_len", "max_num_seqs", "max_num_batched_tokens"})
-    )
+    engine = AsyncLLMEngine.from_engine_args(args)
     assert engine.tokenizer is None
     with TestClient(build_app(engine, disconnect_poll_s=0.05)) as c:
         yield c

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxllm.config import CacheConfig, EngineConfig, ModelSpec, SchedulerConfig
 from jaxllm.engine.async_engine import AsyncLLMEngine
+from jaxllm.engine_args import EngineArgs
 from jaxllm.server.app import build_app
 from tests.server.conftest import LiveServer
 from tests.server.sse import first_difference_is_a_near_tie, streams_and_non_streamed
@@ -26,14 +26,10 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def real_server():
-    config = EngineConfig(
-        model=ModelSpec(max_model_len=512),
-        cache=CacheConfig(num_gpu_blocks_override=2048),
-        scheduler=SchedulerConfig(max_model_len=512, max_num_seqs=64, max_num_batched_tokens=512),
+    args = EngineArgs(
+        max_model_len=512, num_gpu_blocks_override=2048, max_num_seqs=64, max_num_batched_tokens=512
     )
-    engine = AsyncLLMEngine.from_config(
-        config, user_set=frozenset({"max_model_len", "max_num_seqs", "max_num_batched_tokens"})
-    )
+    engine = AsyncLLMEngine.from_engine_args(args)
     with LiveServer(build_app(engine, disconnect_poll_s=0.05)) as s:
         yield s
 

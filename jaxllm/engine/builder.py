@@ -1,0 +1,227 @@
+"""LLMEngine start-up: EngineArgs -> a ready engine, each step using what the one before produced.
+
+    size XLA's memory pool, join the other hosts      (before jax starts its backend)
+    detect the platform                               -> Platform (device kind and memory, "auto" backend)
+    open the model: configs or the GGUF header        -> ModelSource (architecture, max length)
+    read the generation config                        -> request sampling defaults
+    resolve the configuration, once                   -> EngineConfig (EngineArgs.create_engine_config)
+    load the weights -> build the runner -> size and allocate the KV cache -> build the scheduler -> compile
+    log what the engine runs with (device, settings, limits, sampling defaults), freeze the start-up heap
+
+Everything the log prints is read from the resolved config and the built parts, so the log cannot
+disagree with what runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import jax
+
+from jaxllm.config import EngineConfig
+from jaxllm.core.scheduler import Scheduler
+from jaxllm.engine.batch_defaults import device_total_memory
+from jaxllm.engine.heap import collect_dropped_engines, freeze_startup_heap
+from jaxllm.engine.llm_engine import LLMEngine
+from jaxllm.engine_args import EngineArgs, Platform
+from jaxllm.layers.attention import resolve_backend
+from jaxllm.loader import LoadedModel, load_weights, open_model
+from jaxllm.loader.generation_config import read_generation_defaults
+from jaxllm.parallel import TensorParallelPlan, agree_on_min, initialize_distributed, plan_tensor_parallel
+from jaxllm.runner import executable_cache
+from jaxllm.runner.executable_cache import ExecutableCache
+from jaxllm.runner.model_runner import ModelRunner
+
+logger = logging.getLogger("jaxllm")
+
+
+def size_device_memory_pool(gpu_memory_utilization: float) -> None:
+    """XLA's GPU memory pool takes the fraction vLLM users set (JAX's own default is 75%). Effective only
+    before JAX starts its backend, so start-up does this first."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{min(gpu_memory_utilization, 0.99):.3f}")
+
+
+def enable_compilation_cache(path: str | None) -> str | None:
+    """JAX's persistent compilation cache in `path` (None: off), so a restart loads what it compiled."""
+    if path is None:
+        return None
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    return path
+
+
+def detect_platform() -> Platform:
+    device = jax.local_devices()[0]
+    return Platform(
+        name=jax.default_backend(),
+        device_kind=getattr(device, "device_kind", "") or jax.default_backend(),
+        device_memory_bytes=device_total_memory(device.memory_stats()),
+        num_devices=jax.local_device_count(),
+        auto_attention_backend=resolve_backend("auto"),
+        executable_cache_supported=executable_cache.supported(),
+    )
+
+
+def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
+    """`usage`: "offline" for LLM(...), "server" for the API server (their platform defaults differ)."""
+    t_start = time.perf_counter()
+    collect_dropped_engines()  # an engine dropped since the last start-up frees its device memory now
+    size_device_memory_pool(args.gpu_memory_utilization)
+    distributed = initialize_distributed(args.parallel_config())  # before any other jax use
+    platform = detect_platform()
+    logger.info("device: %s", device_description(platform))
+    source = open_model(args.model_spec(), args.tensor_parallel_size)
+    generation = read_generation_defaults(args.generation_config, args.override_generation_config, source)
+    config = args.create_engine_config(platform, source.arch.max_position_embeddings, usage, generation)
+    cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
+    tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, config.model)
+    loaded = load_weights(source, config.runner.attention_backend, tp.sharding_fn)
+
+    runner = _build_runner(config, loaded, tp, cache_dir)
+    with tp.context():
+        num_blocks, why = runner.determine_num_blocks(
+            config.cache.gpu_memory_utilization,
+            config.cache.num_gpu_blocks_override,
+            config.scheduler.max_num_seqs,
+        )
+    num_blocks = agree_on_min(num_blocks)  # every host allocates the same cache
+    num_cpu_blocks = int(config.cache.swap_space_gib * 2**30) // runner.geometry.bytes_per_block
+    runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
+    scheduler = Scheduler(config.scheduler, config.cache, num_blocks, num_cpu_blocks)
+    compile_time_s = 0.0
+    if config.runner.compile_ahead:
+        with tp.context():
+            compile_time_s = runner.compile_all()
+
+    sched = config.scheduler
+    info = {
+        "model": loaded.model_name,
+        "device": platform.device_kind,
+        "platform": platform.name,
+        "dtype": str(loaded.dtype),
+        "kv_cache_dtype": str(runner.geometry.dtype),
+        "attention_backend": config.runner.attention_backend,
+        "num_gpu_blocks": num_blocks,  # vLLM's name (as --num-gpu-blocks-override); on any device
+        "num_cpu_blocks": num_cpu_blocks,
+        "block_size": config.cache.block_size,
+        "kv_cache_gib": round(num_blocks * runner.geometry.bytes_per_block / 2**30, 3),
+        "max_model_len": sched.max_model_len,
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "max_concurrency": round(num_blocks * config.cache.block_size / sched.max_model_len, 2),
+        "load_time_s": round(loaded.load_time_s, 2),
+        "compile_time_s": round(compile_time_s, 2),
+        "compiled_variants": runner.num_compiled(),
+        "startup_time_s": round(time.perf_counter() - t_start, 2),
+        "compilation_cache": cache_dir,
+        "executables_loaded": runner.executables.hits,
+    }
+    for line in startup_lines(config, platform, info, why):
+        logger.info(line)
+    logger.info(
+        "compiled %d step variants in %.1f s, %d more compiling in the background (cache: %s%s)",
+        runner.num_compiled(),
+        compile_time_s,
+        runner.num_compiling_in_background(),
+        cache_dir,
+        f"; executables: {runner.executables.hits} loaded, {runner.executables.misses} compiled"
+        if runner.executables.directory
+        else "",
+    )
+    engine = LLMEngine(
+        config,
+        loaded,
+        runner,
+        scheduler,
+        tp=tp,
+        distributed=distributed,
+        cache_dir=cache_dir,
+        startup_info=info,
+    )
+    t0 = time.perf_counter()
+    info["gc_frozen_objects"] = freeze_startup_heap()
+    logger.info(
+        "froze the start-up heap for the garbage collector: %d objects in %.2f s",
+        info["gc_frozen_objects"],
+        time.perf_counter() - t0,
+    )
+    return engine
+
+
+def _build_runner(
+    config: EngineConfig, loaded: LoadedModel, tp: TensorParallelPlan, cache_dir: str | None
+) -> ModelRunner:
+    arch, cache = loaded.arch, config.cache
+    kv_dtype = loaded.dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
+    executables = ExecutableCache(
+        os.path.join(cache_dir, "executables") if config.runner.executable_cache and cache_dir else None
+    )
+    return ModelRunner(
+        loaded.module,
+        loaded.params,
+        num_layers=arch.num_layers,
+        num_kv_heads=tp.kv_heads(arch.num_kv_heads),
+        head_dim=arch.head_dim,
+        vocab_size=arch.vocab_size,
+        kv_dtype=kv_dtype,
+        block_size=cache.block_size,
+        max_model_len=config.scheduler.max_model_len,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        bucket_pages=config.runner.attention_backend == "reference",
+        bucket_growth=config.runner.bucket_growth,
+        kv_sharding=tp.kv_sharding,
+        executable_cache=executables,
+    )
+
+
+def device_description(platform: Platform) -> str:
+    """e.g. "NVIDIA H100 80GB HBM3 x1 (jax platform gpu, 79.2 GiB)", "cpu x1 (jax platform cpu)"."""
+    memory = (
+        f", {platform.device_memory_bytes / 2**30:.1f} GiB"
+        if platform.device_memory_bytes is not None
+        else ""
+    )
+    return f"{platform.device_kind} x{platform.num_devices} (jax platform {platform.name}{memory})"
+
+
+def startup_lines(config: EngineConfig, platform: Platform, info: dict, kv_sizing: str) -> list[str]:
+    """What the engine runs with, from the resolved config: its settings, its limits (once: nowhere else in
+    the log) and the request sampling defaults. `kv_sizing` says how the KV cache's size was decided."""
+    sched, cache, runner = config.scheduler, config.cache, config.runner
+    settings = {
+        "model": info["model"],
+        "dtype": info["dtype"],
+        "kv_cache_dtype": info["kv_cache_dtype"],
+        "attention_backend": runner.attention_backend,
+        "tensor_parallel_size": config.parallel.tensor_parallel_size,
+        "block_size": cache.block_size,
+        "enable_prefix_caching": cache.enable_prefix_caching,
+        "enable_chunked_prefill": sched.enable_chunked_prefill,
+        "scheduling_policy": sched.policy,
+        "async_scheduling": sched.async_scheduling,
+        "compile_ahead": runner.compile_ahead,
+        "executable_cache": runner.executable_cache,
+        "compilation_cache_dir": runner.compilation_cache_dir,
+    }
+    if platform.name != "cpu":  # the host's KV budget does not come from this fraction
+        settings["gpu_memory_utilization"] = cache.gpu_memory_utilization
+    if cache.swap_space_gib:
+        settings["swap_space"] = cache.swap_space_gib
+    defaults = config.generation.values
+    return [
+        "engine config: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
+        f"limits: max_model_len={sched.max_model_len}, max_num_seqs={sched.max_num_seqs}, "
+        f"max_num_batched_tokens={sched.max_num_batched_tokens}, KV cache blocks={info['num_gpu_blocks']} "
+        f"of {cache.block_size} tokens ({info['kv_cache_gib']:.3f} GiB; {kv_sizing}), maximum concurrency "
+        f"{info['max_concurrency']:.2f}x at {sched.max_model_len} tokens per request",
+        "sampling defaults for requests that leave them out: "
+        + (
+            f"{', '.join(f'{k}={v}' for k, v in defaults.items())} (from {config.generation.source})"
+            if defaults
+            else f"none, SamplingParams' own apply ({config.generation.source})"
+        ),
+    ]

@@ -1,0 +1,128 @@
+"""The command line's flags, generated from two dataclasses: EngineArgs (every engine option) and
+ServerArgs (what only the HTTP server has). Each field's metadata gives its help, extra flag names and
+allowed values; its type gives the argparse type (bool: --x / --no-x; dict: a JSON object; list: one or
+more values). A flag therefore exists exactly when the field does, and has the field's default.
+
+    argv --make_arg_parser().parse_args--> Namespace --args_from_namespace--> (EngineArgs, ServerArgs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from jaxllm.engine_args import EngineArgs, arg_field, base_type, check_field, flag_name
+
+API_KEY_ENV = "JAXLLM_API_KEY"
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
+# The engine thread and the event loop's HTTP work share the GIL. With Python's default 5 ms interval, a
+# step that wants the GIL back waits behind SSE and JSON work for up to that long, which shows directly in
+# every stream's time per output token; a short interval hands the GIL back to the step thread promptly.
+DEFAULT_GIL_SWITCH_INTERVAL_MS = 0.05
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerArgs:
+    host: str | None = arg_field(None, "bind address (default: all interfaces)")
+    port: int = arg_field(8000, "port", ge=0, le=65535)
+    api_key: str | None = arg_field(None, f"key every /v1 request must carry (default: ${API_KEY_ENV})")
+    served_model_name: list[str] | None = arg_field(
+        None, "the model's names in the API; the first is reported in responses (default: the model's)"
+    )
+    chat_template: str | None = arg_field(
+        None, "a Jinja chat template, or a file holding one, instead of the tokenizer's"
+    )
+    max_request_body_bytes: int = arg_field(
+        DEFAULT_MAX_REQUEST_BODY_BYTES, "largest request body accepted", ge=1
+    )
+    gil_switch_interval_ms: float = arg_field(
+        DEFAULT_GIL_SWITCH_INTERVAL_MS,
+        "how long a Python thread may hold the GIL while another waits for it (sys.setswitchinterval); "
+        "Python's 5 ms lets the HTTP work hold back the engine thread's next step",
+        gt=0.0,
+    )
+    uvicorn_log_level: str = arg_field("info", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
+    disable_log_stats: bool = arg_field(False, "no periodic log line of throughput and KV cache use")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check_field(f, getattr(self, f.name), _SERVER_TYPES)
+
+
+_SERVER_TYPES = typing.get_type_hints(ServerArgs)
+
+
+def _json_object(flag: str):
+    def parse(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({e}): {text!r}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag}: must be a JSON object, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
+    """One flag per field of the dataclass `cls`: `--field-name` plus the field's aliases."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        md, typ = f.metadata, base_type(hints[f.name])
+        flag = flag_name(f.name)
+        help_text = md["help"]
+        if f.default is not None and typ is not bool:
+            help_text += f" (default: {f.default})"
+        kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": help_text.replace("%", "%%")}
+        if typ is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typ is dict:
+            kw["type"], kw["metavar"] = _json_object(flag), "JSON"
+        elif typ is list:
+            kw["nargs"] = "+"
+        else:
+            kw["type"] = typ
+            if md["choices"] is not None:
+                kw["choices"] = [c for c in md["choices"] if c is not None]
+        parser.add_argument(flag, *md["aliases"], **kw)
+
+
+def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description="OpenAI-compatible server for jaxllm (vLLM's flag names)."
+    )
+    if positional_model:
+        p.add_argument("model_tag", nargs="?", default=None, help="model to serve (same as --model)")
+    add_flags(p.add_argument_group("engine"), EngineArgs)
+    add_flags(p.add_argument_group("server"), ServerArgs)
+    return p
+
+
+def args_from_namespace(ns: argparse.Namespace) -> tuple[EngineArgs, ServerArgs]:
+    """Raises ValueError naming the field and its flag on a bad value (EngineArgs / ServerArgs checks)."""
+    engine = EngineArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)})
+    server = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)}
+    server["api_key"] = server["api_key"] or os.environ.get(API_KEY_ENV) or None
+    server["chat_template"] = load_chat_template(server["chat_template"])
+    return engine, ServerArgs(**server)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """A path to a template file, or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(
+            f"chat_template={value!r} (--chat-template) is neither a readable file nor a Jinja template"
+        )
+    return value
