@@ -150,12 +150,18 @@ class ModelRunner:
         return out, padded
 
     # ---- memory and compilation ----------------------------------------------------------------------
+    def largest_step_temp_bytes(self) -> int:
+        """Bytes a step needs beyond the weights and the KV cache, at the largest bucket."""
+        return self.compiler.largest_step_temp_bytes(self.params, self.geometry)
+
+    def _empty_sampling_metadata(self, s: int, flags: SamplerFlags):
+        return self.compiler.empty_sampling_metadata(s, flags)
+
     def determine_num_blocks(self, util: float, override: int | None, max_num_seqs: int) -> tuple[int, str]:
         if override is not None:
             return override, "num_gpu_blocks_override"
         useful = max_num_seqs * self.max_pages_per_seq + 1
-        on_cpu = jax.default_backend() == "cpu"
-        temp = 0 if on_cpu else self.compiler.largest_step_temp_bytes(self.params, self.geometry)
+        temp = self.largest_step_temp_bytes() if jax.default_backend() != "cpu" else 0
         shards = len(self.kv_sharding.device_set) if self.kv_sharding is not None else 1
         return kvc.num_blocks_for_memory(self.geometry, util, temp, useful, shards)
 
