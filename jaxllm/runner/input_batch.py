@@ -106,35 +106,58 @@ def build_step_inputs(
     block_tables, kv_lens, cu = inputs.block_tables, inputs.kv_lens, inputs.cu_q_lens
     logits_indices, prev_src = inputs.logits_indices, inputs.prev_src
 
+    # One pass over the requests; single-token rows (decodes) collect their values in Python lists and
+    # each field is written with one numpy call at the end: a numpy element write costs far more than a
+    # list append, and a decode row has six. Block tables are copied from each state's numpy mirror,
+    # since converting a Python list row by row was the largest cost of a decode step's inputs.
+    one_rows, one_pos, one_slots = [], [], []  # single-token rows: row, position, KV slot
+    tok_rows, tok_ids = [], []  # ... whose input token is known on the host
+    src_rows, src_vals = [], []  # ... whose input the previous step is still sampling
+    ends, rows_end = [], []  # per request: kv length (start + n), its last row + 1
     row = 0
     for i, (sr, st) in enumerate(zip(scheduled, states)):
         n = sr.num_new_tokens
         start = sr.start
         table = st.block_ids
-        block_tables[i, : len(table)] = table
-        if n == 1 and start >= st.num_tokens:  # input still being sampled by the previous step
-            src = None if prev_rows is None else prev_rows.get(sr.req_id)
-            if src is None:
-                raise ValueError(
-                    f"request {sr.req_id!r}: token {start} is not known and the previous step did not sample it"
-                )
-            prev_src[row] = src
-            positions[row] = start
-            slot_mapping[row] = table[start // block_size] * block_size + start % block_size
-        elif n == 1:  # decode row: scalar writes, no temporary arrays
-            input_ids[row] = st.token_ids_slice(start, start + 1)[0]
-            positions[row] = start
-            slot_mapping[row] = table[start // block_size] * block_size + start % block_size
+        nb = len(table)
+        block_tables[i, :nb] = st.block_array[:nb]
+        if n == 1:
+            one_rows.append(row)
+            one_pos.append(start)
+            one_slots.append(table[start // block_size] * block_size + start % block_size)
+            if start < st.num_tokens:
+                tok_rows.append(row)
+                tok_ids.append(st.token_at(start))
+            else:  # input still being sampled by the previous step
+                src = None if prev_rows is None else prev_rows.get(sr.req_id)
+                if src is None:
+                    raise ValueError(
+                        f"request {sr.req_id!r}: token {start} is not known and the previous step did "
+                        "not sample it"
+                    )
+                src_rows.append(row)
+                src_vals.append(src)
         else:
             input_ids[row : row + n] = st.token_ids_slice(start, start + n)
             pos = np.arange(start, start + n, dtype=np.int32)
             positions[row : row + n] = pos
             slot_mapping[row : row + n] = block_tables[i, pos // block_size] * block_size + pos % block_size
-        kv_lens[i] = start + n
         row += n
-        cu[i + 1] = row
-        logits_indices[i] = row - 1
+        ends.append(start + n)
+        rows_end.append(row)
+    if one_rows:
+        # Decodes come first in the scheduler's order: then their rows are 0..k-1, a slice.
+        at = slice(0, len(one_rows)) if one_rows[-1] == len(one_rows) - 1 else one_rows
+        positions[at] = one_pos
+        slot_mapping[at] = one_slots
+        if tok_rows:
+            input_ids[at if not src_rows else tok_rows] = tok_ids
+        if src_rows:
+            prev_src[at if not tok_rows else src_rows] = src_vals
+    kv_lens[:n_seq] = ends
+    cu[1 : n_seq + 1] = rows_end
     cu[n_seq + 1 :] = row
+    logits_indices[:n_seq] = cu[1 : n_seq + 1] - 1
     inputs.num_seqs[0] = n_seq
     inputs.num_tokens = n_tok
     return inputs

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from jaxllm.runner.sampling_metadata import SamplingRow
 from jaxllm.scheduler_output import NewRequestData, SchedulerOutput
 
@@ -28,6 +30,9 @@ class RequestState:
     prompt_token_ids: list[int]  # shared with the message; never changed
     output_token_ids: list[int]  # the runner's own list: the ids it collected
     block_ids: list[int]  # the whole block table, extended by each step's delta
+    # i32[capacity]: block_ids mirrored in numpy (the first len(block_ids) entries), what a step copies
+    # into its block tables; capacity doubles as the table grows.
+    block_array: np.ndarray
     sampling: SamplingRow  # the sampler's view (holds the two token lists by reference)
     num_in_flight: int = 0  # sampled by a dispatched step, not collected yet
 
@@ -35,7 +40,20 @@ class RequestState:
     def from_new(cls, new: NewRequestData) -> RequestState:
         prompt, output = new.prompt_token_ids, list(new.output_token_ids)
         row = SamplingRow(new.sampling_params, new.sampling_seed, prompt, output, new.eos_token_id)
-        return cls(new.req_id, prompt, output, list(new.block_ids), row)
+        blocks = list(new.block_ids)
+        array = np.zeros(max(16, 1 << max(0, len(blocks) - 1).bit_length()), np.int32)
+        array[: len(blocks)] = blocks
+        return cls(new.req_id, prompt, output, blocks, array, row)
+
+    def append_blocks(self, block_ids: list[int]) -> None:
+        old = len(self.block_ids)
+        self.block_ids.extend(block_ids)
+        new = len(self.block_ids)
+        if new > len(self.block_array):
+            grown = np.zeros(max(new, 2 * len(self.block_array)), np.int32)
+            grown[:old] = self.block_array[:old]
+            self.block_array = grown
+        self.block_array[old:new] = block_ids
 
     @property
     def params(self):
@@ -49,6 +67,10 @@ class RequestState:
     def num_tokens(self) -> int:
         """Tokens known on the host (prompt + collected outputs)."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_at(self, position: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
 
     def token_ids_slice(self, start: int, stop: int) -> list[int]:
         p = len(self.prompt_token_ids)
@@ -95,7 +117,7 @@ class RequestStates:
             if state is None:
                 raise ValueError(f"request {sr.req_id!r} is scheduled but the runner was never sent it")
             if sr.new_block_ids:
-                state.block_ids.extend(sr.new_block_ids)
+                state.append_blocks(sr.new_block_ids)
             states.append(state)
         return states
 
