@@ -81,7 +81,7 @@ class StepCompiler:
         return self.model_steps[step_tier(shape[0])]
 
     def sample(self, logits, smd, flags: SamplerFlags):
-        """Run the sampler variant `flags`: its executable, waiting for it if it is still compiling, else jit."""
+        """Run the sampler variant `flags`: its executable (waited for while it compiles), else jit."""
         key = (logits.shape[0], flags)
         ahead = self.ahead_sample.get(key)
         if ahead is None and (pending := self.pending_sample.get(key)) is not None:

@@ -1,9 +1,10 @@
 """Runs one scheduled step on the device: inputs -> jitted model step -> jitted sampler -> host output.
 
-    SchedulerOutput --RequestStates.update--> the runner's state of each scheduled request (request_state.py)
+    SchedulerOutput --RequestStates.update--> the runner's state of each scheduled request
       --build_step_inputs--> StepInputs (numpy, padded to a bucket, one packed i32 buffer)
-      --(one copy, in the executable's call)--> model_step(params, kv_caches [donated], packed) -> logits f32[S, V], kv_caches
-      --sample--> ids i32[S] (+ logprobs) --device_get--> ModelRunnerOutput; ids appended to the states
+      --(one copy, in the executable's call)--> model_step(params, kv_caches [donated], packed)
+      -> logits f32[S, V], kv_caches --sample--> ids i32[S] (+ logprobs)
+      --device_get--> ModelRunnerOutput; the ids are appended to the states
 
 The runner reads only the plain SchedulerOutput and its own per-request state, never the scheduler's
 `Request`s, so a follower host that replays the same messages builds the same state.
@@ -155,6 +156,7 @@ class ModelRunner:
         return self.compiler.largest_step_temp_bytes(self.params, self.geometry)
 
     def _empty_sampling_metadata(self, s: int, flags: SamplerFlags):
+        """Sampler inputs of a bucket of `s` rows with none filled (what a variant compiles for)."""
         return self.compiler.empty_sampling_metadata(s, flags)
 
     def determine_num_blocks(self, util: float, override: int | None, max_num_seqs: int) -> tuple[int, str]:

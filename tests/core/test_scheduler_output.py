@@ -1,4 +1,4 @@
-"""The scheduler -> runner message is plain data: new requests once, then deltas; small whatever the lengths."""
+"""The scheduler -> runner message is plain data: new requests once, then deltas, small at any length."""
 
 import pickle
 
