@@ -175,6 +175,9 @@ class ModelRunner:
 
     def compile_all(self, workers: int | None = None) -> float:
         """Compile every bucket and sampler variant ahead (compiler.py); seconds taken."""
+        # The `prev_ids` of a step with none in flight, made here (in the caller's mesh context, as the
+        # steps run) so that the first step traces nothing.
+        self._zero_ids = jnp.zeros((self.ids_width,), jnp.int32)
         return self.compiler.compile_all(
             self.params,
             self.kv_caches,
