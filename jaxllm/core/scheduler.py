@@ -12,6 +12,12 @@ tokens to at most `max_num_seqs` requests:
 sample as a placeholder; `update_from_output()` appends the sampled tokens, applies the stop conditions,
 caches newly full blocks and frees finished requests.
 
+The runner never sees a `Request` (scheduler_output.py): a request admitted from the waiting queue (new,
+or resumed after a preemption, whose runner state was dropped) goes out whole once as NewRequestData; a
+running one only as a delta, with the blocks `allocate_slots` appended for it this step. The scheduler
+remembers which Requests each output scheduled until its results are applied, so a result never lands on
+a later request that reuses a finished one's id.
+
 Async scheduling: `schedule()` may run again before the previous step's `update_from_output()` (the engine
 overlaps the host's scheduling with the device's step). A request whose token is still in flight counts
 it as known (one more decode token to schedule, its input read from the previous step's output on the
@@ -34,7 +40,7 @@ from jaxllm.core.kv_cache_manager import KVCacheManager, cdiv
 from jaxllm.core.memory_report import KVMemoryReport
 from jaxllm.request import Request, RequestStatus
 from jaxllm.runner_output import ModelRunnerOutput
-from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
+from jaxllm.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from jaxllm.stats import EngineStats
 
 
@@ -61,6 +67,8 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: most recent last
         self._finished_ids: list[str] = []  # finished since the last schedule(): the runner drops them
         self._finished_in_schedule: list[Request] = []  # reported by the next update_from_output
+        # id(SchedulerOutput) -> the Requests it scheduled, in its order, until update_from_output applies it
+        self._scheduled_requests: dict[int, list[Request]] = {}
 
         self._num_preemptions = 0
         self._prompt_tokens = 0
@@ -115,7 +123,8 @@ class Scheduler:
         out = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.config.max_num_batched_tokens
-        scheduled: dict[str, ScheduledRequest] = {}
+        # request id -> (request, its delta, its NewRequestData or None when the runner holds it)
+        scheduled: dict[str, tuple[Request, ScheduledRequest, NewRequestData | None]] = {}
         preempted = False
 
         # 1. Running requests: decodes (one remaining token) before prompt chunks; sort is stable.
@@ -130,7 +139,7 @@ class Scheduler:
             num_new = min(_num_uncomputed(request), budget)
             if num_new <= 0:
                 continue
-            while self.kv.allocate_slots(request, num_new) is None:
+            while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
                 victim = self._pick_victim()
                 if victim is request and len(self.running) == 1:
                     # Nothing else holds blocks: the pool cannot hold this sequence's next token.
@@ -141,12 +150,13 @@ class Scheduler:
                 self._preempt(victim, out)
                 preempted = True
                 if victim.request_id in scheduled:  # it was given tokens earlier in this loop
-                    budget += scheduled.pop(victim.request_id).num_new_tokens
+                    budget += scheduled.pop(victim.request_id)[1].num_new_tokens
                 if victim is request:
                     break
             if request.status != running:
                 continue
-            scheduled[request.request_id] = self._scheduled(request, num_new)
+            delta = self._delta(request, num_new, [b.block_id for b in new_blocks] if new_blocks else [])
+            scheduled[request.request_id] = (request, delta, None)
             budget -= num_new
 
         # 2. Waiting requests, unless memory was short this step.
@@ -163,20 +173,32 @@ class Scheduler:
             self.running.append(request)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
-            scheduled[request.request_id] = self._scheduled(request, num_new)
+            # New to the runner (a preemption dropped its state there too): sent whole, once.
+            scheduled[request.request_id] = (
+                request,
+                self._delta(request, num_new, []),
+                self._new_data(request),
+            )
             budget -= num_new
 
         # Decodes first in the output, then prompt chunks, each group in scheduling order.
-        out.scheduled = sorted(scheduled.values(), key=lambda s: s.num_new_tokens > 1 or not s.samples)
-        out.num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
-        for s in out.scheduled:
-            request = s.request
+        order = sorted(scheduled.values(), key=lambda e: e[1].num_new_tokens > 1 or not e[1].samples)
+        requests = [e[0] for e in order]
+        out.scheduled = [e[1] for e in order]
+        out.new_requests = [e[2] for e in order if e[2] is not None]
+        num_tokens = 0
+        for request, s in zip(requests, out.scheduled):
+            n = s.num_new_tokens
+            num_tokens += n
             p = request.num_prompt_tokens
             if s.start < p:
-                self._prompt_tokens += min(s.start + s.num_new_tokens, p) - s.start
-            request.num_computed_tokens += s.num_new_tokens
+                self._prompt_tokens += min(s.start + n, p) - s.start
+            request.num_computed_tokens += n
             if s.samples:
                 request.num_output_placeholders += 1
+        out.num_scheduled_tokens = num_tokens
+        if requests:
+            self._scheduled_requests[id(out)] = requests
         return out
 
     def update_from_output(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[Request]:
@@ -186,10 +208,12 @@ class Scheduler:
                 f"runner returned {len(runner_out.sampled_token_ids)} results for "
                 f"{len(sched_out.scheduled)} scheduled requests"
             )
+        requests = self._scheduled_requests.pop(id(sched_out), None) if sched_out.scheduled else []
+        if requests is None:
+            raise ValueError("sched_out: not an output of this scheduler's schedule(), or applied already")
         changed, self._finished_in_schedule = self._finished_in_schedule, []
         req_ids = runner_out.req_ids
-        for i, s in enumerate(sched_out.scheduled):
-            request = s.request
+        for i, (request, s) in enumerate(zip(requests, sched_out.scheduled)):
             if req_ids:
                 assert req_ids[i] == request.request_id, (req_ids[i], request.request_id)
             if s.samples and request.num_output_placeholders > 0:
@@ -254,15 +278,25 @@ class Scheduler:
         else:
             self.waiting.append(request)
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _delta(self, request: Request, num_new: int, new_block_ids: list[int]) -> ScheduledRequest:
         start = request.num_computed_tokens
         known = request.num_tokens + request.num_output_placeholders
-        return ScheduledRequest(
-            request=request,
-            num_new_tokens=num_new,
-            start=start,
+        return ScheduledRequest(request.request_id, num_new, start, new_block_ids, start + num_new >= known)
+
+    def _new_data(self, request: Request) -> NewRequestData:
+        """What the runner needs of a request it does not hold (new, or resumed after a preemption)."""
+        # Admitted only from the waiting queue, by then every step that ran for it has been applied (a
+        # preemption skips admission in its own schedule()): no token of it is still in flight.
+        assert request.num_output_placeholders == 0, request.request_id
+        return NewRequestData(
+            req_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params,
+            sampling_seed=request.sampling_seed,
+            eos_token_id=request.eos_token_id,
             block_ids=self.kv.get_block_ids(request),
-            samples=start + num_new >= known,
+            num_computed_tokens=request.num_computed_tokens,
+            output_token_ids=list(request.output_token_ids),
         )
 
     def _admit(self, request: Request, budget: int) -> int:

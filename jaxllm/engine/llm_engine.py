@@ -218,11 +218,11 @@ class LLMEngine:
             self._unreported_finished = []
         self.last_step_tokens = sched_out.num_scheduled_tokens
         now = time.monotonic()
-        for sr in sched_out.scheduled:
-            pc = self.output_processor.child_to_parent.get(sr.request.request_id)
+        for new in sched_out.new_requests:  # a request is new to the runner when first scheduled
+            pc = self.output_processor.child_to_parent.get(new.req_id)
             if pc is not None and pc[0].metrics.first_scheduled_time is None:
                 pc[0].metrics.first_scheduled_time = now
-        if self.step_channel is not None:
+        if self.step_channel is not None:  # several hosts: the others replay the same plain message
             self.step_channel.publish(sched_out)
         return sched_out
 

@@ -3,8 +3,13 @@
     process 0:   LLMEngine.step(): schedule() -> StepChannel.publish(SchedulerOutput) -> runner.execute
     process k>0: follow(engine):   StepChannel.receive() -> runner.execute (same inputs, same collectives)
 
+A step's message is the plain SchedulerOutput (jaxllm/scheduler_output.py): new requests once, then
+per-step deltas, never the scheduler's Requests. Each follower's runner builds the same per-request state
+from the same messages as the leader's (runner/request_state.py), so a decode step of N requests
+publishes O(N) small values whatever their lengths.
+
 The channel is jax.distributed's key-value store (the coordinator that `initialize_distributed` joined):
-step s is stored under "jaxllm/step/s" as a pickle of the host-only SchedulerOutput. The leader deletes
+step s is stored under "jaxllm/step/s" as a pickle of that SchedulerOutput. The leader deletes
 step s - 2 when it publishes step s: every follower has read it by then, since step s - 1's collectives
 could not finish without them. `stop()` publishes None and the followers return.
 Both sides must build the engine with the same config (so buckets and KV cache size agree).

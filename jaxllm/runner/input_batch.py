@@ -1,8 +1,10 @@
-"""Turn a `SchedulerOutput` into the fixed-shape host arrays of one step (numpy only).
+"""Turn one step's scheduled requests (and the runner's state of each) into fixed-shape host arrays.
 
-Requests keep the scheduler's order. Row layout of the flattened batch: request r's new tokens occupy
-rows cu_q_lens[r]:cu_q_lens[r+1]; rows past the last request are padding (slot -1, token 0). Logits are
-computed only at `logits_indices` (the last row of each request; padding sequences point at row 0).
+Requests keep the scheduler's order; token ids and block tables come from the runner's own
+`RequestState`s (request_state.py), read in place. Row layout of the flattened batch: request r's new
+tokens occupy rows cu_q_lens[r]:cu_q_lens[r+1]; rows past the last request are padding (slot -1,
+token 0). Logits are computed only at `logits_indices` (the last row of each request; padding
+sequences point at row 0).
 
 All arrays of a step are views into ONE int32 buffer (`StepInputs.packed`, laid out by `packed_layout`),
 so a step costs a single host-to-device copy; the jitted step slices it apart with static offsets.
@@ -13,12 +15,14 @@ the step's buffer without copying it, and Mosaic GPU kernels refuse operands tha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from jaxllm.runner.buckets import BucketPlan
-from jaxllm.scheduler_output import SchedulerOutput
+from jaxllm.runner.request_state import RequestState
+from jaxllm.scheduler_output import ScheduledRequest
 
 
 @dataclass(slots=True)
@@ -83,14 +87,18 @@ def empty_step_inputs(shape: tuple[int, int, int]) -> StepInputs:
 
 
 def build_step_inputs(
-    sched: SchedulerOutput, plan: BucketPlan, block_size: int, prev_rows: dict[str, int] | None = None
+    scheduled: Sequence[ScheduledRequest],
+    states: Sequence[RequestState],
+    plan: BucketPlan,
+    block_size: int,
+    prev_rows: dict[str, int] | None = None,
 ) -> StepInputs:
-    """`prev_rows` (async scheduling): request id -> its row in the previous step's sampled ids, for
-    decode rows whose input token that step is still sampling (start == request.num_tokens)."""
-    reqs = sched.scheduled
-    n_tok = sum(r.num_new_tokens for r in reqs)
-    n_seq = len(reqs)
-    max_pages = max((len(r.block_ids) for r in reqs), default=1)
+    """`states[i]` is the runner's state of `scheduled[i]` (its block table already extended by the
+    step's delta). `prev_rows` (async scheduling): request id -> its row in the previous step's sampled
+    ids, for decode rows whose input token that step is still sampling (start == the state's num_tokens)."""
+    n_tok = sum(sr.num_new_tokens for sr in scheduled)
+    n_seq = len(scheduled)
+    max_pages = max((len(st.block_ids) for st in states), default=1)
     t, s, b = plan.shape_for(n_tok, n_seq, max_pages)
 
     inputs = empty_step_inputs((t, s, b))
@@ -98,36 +106,58 @@ def build_step_inputs(
     block_tables, kv_lens, cu = inputs.block_tables, inputs.kv_lens, inputs.cu_q_lens
     logits_indices, prev_src = inputs.logits_indices, inputs.prev_src
 
+    # One pass over the requests; single-token rows (decodes) collect their values in Python lists and
+    # each field is written with one numpy call at the end: a numpy element write costs far more than a
+    # list append, and a decode row has six. Block tables are copied from each state's numpy mirror,
+    # since converting a Python list row by row was the largest cost of a decode step's inputs.
+    one_rows, one_pos, one_slots = [], [], []  # single-token rows: row, position, KV slot
+    tok_rows, tok_ids = [], []  # ... whose input token is known on the host
+    src_rows, src_vals = [], []  # ... whose input the previous step is still sampling
+    ends, rows_end = [], []  # per request: kv length (start + n), its last row + 1
     row = 0
-    for i, sr in enumerate(reqs):
+    for i, (sr, st) in enumerate(zip(scheduled, states)):
         n = sr.num_new_tokens
         start = sr.start
-        table = sr.block_ids
-        block_tables[i, : len(table)] = table
-        if n == 1 and start >= sr.request.num_tokens:  # input still being sampled by the previous step
-            src = None if prev_rows is None else prev_rows.get(sr.request.request_id)
-            if src is None:
-                raise ValueError(
-                    f"request {sr.request.request_id!r}: token {start} is not known and the previous step "
-                    "did not sample it"
-                )
-            prev_src[row] = src
-            positions[row] = start
-            slot_mapping[row] = table[start // block_size] * block_size + start % block_size
-        elif n == 1:  # decode row: scalar writes, no temporary arrays
-            input_ids[row] = sr.request.token_ids_slice(start, start + 1)[0]
-            positions[row] = start
-            slot_mapping[row] = table[start // block_size] * block_size + start % block_size
+        table = st.block_ids
+        nb = len(table)
+        block_tables[i, :nb] = st.block_array[:nb]
+        if n == 1:
+            one_rows.append(row)
+            one_pos.append(start)
+            one_slots.append(table[start // block_size] * block_size + start % block_size)
+            if start < st.num_tokens:
+                tok_rows.append(row)
+                tok_ids.append(st.token_at(start))
+            else:  # input still being sampled by the previous step
+                src = None if prev_rows is None else prev_rows.get(sr.req_id)
+                if src is None:
+                    raise ValueError(
+                        f"request {sr.req_id!r}: token {start} is not known and the previous step did "
+                        "not sample it"
+                    )
+                src_rows.append(row)
+                src_vals.append(src)
         else:
-            input_ids[row : row + n] = sr.request.token_ids_slice(start, start + n)
+            input_ids[row : row + n] = st.token_ids_slice(start, start + n)
             pos = np.arange(start, start + n, dtype=np.int32)
             positions[row : row + n] = pos
             slot_mapping[row : row + n] = block_tables[i, pos // block_size] * block_size + pos % block_size
-        kv_lens[i] = start + n
         row += n
-        cu[i + 1] = row
-        logits_indices[i] = row - 1
+        ends.append(start + n)
+        rows_end.append(row)
+    if one_rows:
+        # Decodes come first in the scheduler's order: then their rows are 0..k-1, a slice.
+        at = slice(0, len(one_rows)) if one_rows[-1] == len(one_rows) - 1 else one_rows
+        positions[at] = one_pos
+        slot_mapping[at] = one_slots
+        if tok_rows:
+            input_ids[at if not src_rows else tok_rows] = tok_ids
+        if src_rows:
+            prev_src[at if not tok_rows else src_rows] = src_vals
+    kv_lens[:n_seq] = ends
+    cu[1 : n_seq + 1] = rows_end
     cu[n_seq + 1 :] = row
+    logits_indices[:n_seq] = cu[1 : n_seq + 1] - 1
     inputs.num_seqs[0] = n_seq
     inputs.num_tokens = n_tok
     return inputs

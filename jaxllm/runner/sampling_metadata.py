@@ -32,6 +32,8 @@ import numpy as np
 
 from jaxllm.sampling_params import SamplingParams
 
+# Logprobs are computed for this many top tokens whenever any request in the step asks (one static width).
+MAX_LOGPROBS = 20
 _MIN_HISTORY_WIDTH = 64
 _MIN_SUPPRESS_WIDTH = 8
 _U32 = 0xFFFFFFFF
@@ -43,7 +45,7 @@ def _next_pow2(n: int, floor: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SamplingRow:
-    """What the sampler needs of one request (the runner builds it from a `Request`)."""
+    """What the sampler needs of one request (each RequestState holds one, with its live token lists)."""
 
     params: SamplingParams
     seed: int  # the request's sampling_seed
@@ -54,16 +56,6 @@ class SamplingRow:
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**64:
             raise ValueError(f"seed={self.seed} must be in [0, 2**64)")
-
-    @classmethod
-    def from_request(cls, request) -> SamplingRow:
-        return cls(
-            request.sampling_params,
-            request.sampling_seed,
-            request.prompt_token_ids,
-            request.output_token_ids,
-            request.eos_token_id,
-        )
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -87,8 +79,8 @@ class SamplerFlags:
     num_logprobs: int = -1  # -1: no logprobs; N >= 0: the sampled token's + the top-N
 
     def __post_init__(self) -> None:
-        if not -1 <= self.num_logprobs <= 20:
-            raise ValueError(f"num_logprobs={self.num_logprobs} must be in [-1, 20]")
+        if not -1 <= self.num_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"num_logprobs={self.num_logprobs} must be in [-1, {MAX_LOGPROBS}]")
         if self.all_greedy and self.do_top_k_top_p:
             raise ValueError("do_top_k_top_p=True needs all_greedy=False (greedy rows never sort)")
 

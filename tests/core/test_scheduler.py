@@ -33,7 +33,7 @@ def make(
         num_gpu_blocks=num_blocks,
         num_cpu_blocks=cpu_blocks,
     )
-    return sched, FakeRunner(block_size, num_blocks, cpu_blocks)
+    return sched, FakeRunner(block_size, num_blocks, cpu_blocks, scheduler=sched)
 
 
 def mkreq(rid, n_prompt, max_tokens=4, base=0, arrival=None, priority=0, eos=None, **params):
@@ -56,7 +56,7 @@ def step(sched, runner):
 
 
 def plan(out):
-    return [(s.request.request_id, s.start, s.num_new_tokens) for s in out.scheduled]
+    return [(s.req_id, s.start, s.num_new_tokens) for s in out.scheduled]
 
 
 def drain(sched, runner, max_steps=1000):
@@ -85,7 +85,7 @@ def test_chunked_prefill_exact_chunks_and_block_tables():
     while sched.has_unfinished_requests():
         out, _ = step(sched, runner)
         plans.append(plan(out))
-        blocks.append(out.scheduled[0].block_ids)
+        blocks.append(runner.block_table("a"))
     assert plans == [
         [("a", 0, 32)],
         [("a", 32, 32)],
@@ -179,7 +179,7 @@ def test_preemption_recomputes_most_recent_request():
     assert out.preempted_request_ids == ["b"]
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
     assert b.num_preemptions == 1 and sched.waiting == [b, c]  # back to the front of the queue
-    assert [s.request.request_id for s in out.scheduled] == ["a"]
+    assert [s.req_id for s in out.scheduled] == ["a"]
     drain(sched, runner)
     assert a.output_token_ids == expected_tokens(a, 12)
     assert b.output_token_ids == expected_tokens(b, 12)
@@ -294,14 +294,14 @@ def test_add_request_validation():
 
 
 # -- stop conditions ---------------------------------------------------------------------------------------
-def scripted(script):
+def scripted(sched, script):
     """A runner output that emits script[rid][k] as the k-th generated token."""
 
     def run(out):
         return ModelRunnerOutput(
-            req_ids=[s.request.request_id for s in out.scheduled],
+            req_ids=[s.req_id for s in out.scheduled],
             sampled_token_ids=[
-                [script[s.request.request_id][s.request.num_output_tokens]] if s.samples else []
+                [script[s.req_id][sched.requests[s.req_id].num_output_tokens]] if s.samples else []
                 for s in out.scheduled
             ],
         )
@@ -310,7 +310,7 @@ def scripted(script):
 
 
 def run_scripted(sched, script):
-    run = scripted(script)
+    run = scripted(sched, script)
     for _ in range(100):
         if not sched.has_unfinished_requests():
             return
@@ -368,7 +368,7 @@ def test_priority_policy_orders_waiting_and_preempts_lowest_priority():
     order = []
     for _ in range(4):
         out, _ = step(sched, runner)
-        order += [s.request.request_id for s in out.scheduled if s.start == 0]
+        order += [s.req_id for s in out.scheduled if s.start == 0]
     assert order == ["high", "high2", "mid", "low"]
 
     # Victim under pressure: the lowest priority running request, even if admitted first.

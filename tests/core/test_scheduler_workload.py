@@ -29,7 +29,7 @@ def make(
         num_gpu_blocks=num_blocks,
         num_cpu_blocks=cpu_blocks,
     )
-    return sched, FakeRunner(block_size, num_blocks, cpu_blocks)
+    return sched, FakeRunner(block_size, num_blocks, cpu_blocks, scheduler=sched)
 
 
 def workload(seed, max_model_len):
@@ -77,7 +77,7 @@ def test_mixed_workload_finishes_with_expected_tokens_and_no_leak(chunked, cachi
         assert out.num_scheduled_tokens <= sched.config.max_num_batched_tokens
         assert len(out.scheduled) <= sched.config.max_num_seqs
         # A request preempted this step is not rescheduled in the same step (no thrashing).
-        assert not set(out.preempted_request_ids) & {s.request.request_id for s in out.scheduled}
+        assert not set(out.preempted_request_ids) & {s.req_id for s in out.scheduled}
         sched.update_from_output(out, runner.execute(out))
         steps += 1
         assert steps < 2000
@@ -108,13 +108,16 @@ def test_n2_children_reuse_the_first_ones_prompt_blocks():
     for k in kids:
         sched.add_request(k)
     out = sched.schedule()
-    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("p-0", 40)]
+    assert [(s.req_id, s.num_new_tokens) for s in out.scheduled] == [("p-0", 40)]
     sched.update_from_output(out, runner.execute(out))
     out = sched.schedule()
     second = out.scheduled[1]
-    assert (second.request.request_id, second.start, second.num_new_tokens) == ("p-1", 32, 8)
-    assert second.block_ids[:2] == out.scheduled[0].block_ids[:2]
-    assert second.block_ids[2] != out.scheduled[0].block_ids[2]  # the partial block is private
+    assert (second.req_id, second.start, second.num_new_tokens) == ("p-1", 32, 8)
+    # p-1 is new to the runner: it gets its whole table (the cached prompt blocks of p-0 + its own one).
+    assert [n.req_id for n in out.new_requests] == ["p-1"] and out.new_requests[0].num_computed_tokens == 32
+    first_table, second_table = sched.kv.get_block_ids(kids[0]), out.new_requests[0].block_ids
+    assert second_table[:2] == first_table[:2]
+    assert second_table[2] != first_table[2]  # the partial block is private
     assert kids[1].num_cached_tokens == 32 and kids[0].num_cached_tokens == 0
     stats = sched.get_stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (80, 32)

@@ -82,6 +82,9 @@ def test_async_equals_sync(kw, tiny_llama_dir, jax_cache_dir):
         assert engine.get_stats().num_preemptions > 0
     assert engine.get_stats().kv_cache_usage == 0.0
     assert not engine.has_unfinished_requests()
+    # The runner kept its own state of each request (built from the plain messages); the last finished
+    # ids go out with the next step, which leaves it holding nothing.
+    assert engine.step() == [] and len(engine.runner.requests) == 0
 
 
 def test_penalties_fall_back_to_one_step_at_a_time(tiny_llama_dir, jax_cache_dir):

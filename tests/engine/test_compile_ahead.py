@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from jaxllm import LLM, SamplingParams
+from jaxllm.runner.compiler import StepCompiler
 from jaxllm.runner.input_batch import empty_step_inputs
-from jaxllm.runner.model_runner import MAX_LOGPROBS, ModelRunner
+from jaxllm.runner.model_runner import MAX_LOGPROBS
 from jaxllm.runner.sampler import SamplerFlags
 from jaxllm.stats import STEP_HOST_PHASES
 
@@ -50,27 +51,27 @@ def test_every_variant_is_an_executable_and_outputs_match(tiny_llama_dir, jax_ca
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
     runner = llm.llm_engine.runner
     shapes = runner.plan.all_shapes()
-    assert set(runner._ahead_model) == set(shapes)
+    assert set(runner.compiler.ahead_model) == set(shapes)
     every = {(s, f) for _, s, _ in shapes for f in SamplerFlags.all_variants(MAX_LOGPROBS)}
     at_start = {key for key in every if key[1].needed_at_start}
     assert at_start and at_start < every
     # Ready with the common variants; penalties and logprobs are compiled or compiling in the background.
-    assert at_start <= set(runner._ahead_sample)
-    assert set(runner._ahead_sample) | set(runner._pending_sample) == every
+    assert at_start <= set(runner.compiler.ahead_sample)
+    assert set(runner.compiler.ahead_sample) | set(runner.compiler.pending_sample) == every
     assert _greedy(llm) == jit_tokens
     runner.wait_for_background_compiles()
-    assert set(runner._ahead_sample) == every and not runner._pending_sample
+    assert set(runner.compiler.ahead_sample) == every and not runner.compiler.pending_sample
     # Every step ran an executable compiled ahead: jit never traced the model step nor the sampler
     # (the logprobs variant the requests need was waited for, not compiled twice).
-    assert runner.model_step_traces() == 0
-    assert runner._sample._cache_size() == 0
+    assert runner.compiler.model_step_traces() == 0
+    assert runner.compiler.sample_jit._cache_size() == 0
 
 
 def test_a_step_waits_for_a_variant_still_compiling(tiny_llama_dir, jax_cache_dir, jit_tokens, monkeypatch):
     """A request that needs a sampler variant still compiling in the background waits for it: same
     tokens, and jit compiles nothing of its own."""
     started = threading.Event()
-    compile_lowered = ModelRunner._compile_lowered
+    compile_lowered = StepCompiler._compile_lowered
 
     def slow_for_later_variants(lowered, flags):
         if not flags.needed_at_start:
@@ -78,13 +79,13 @@ def test_a_step_waits_for_a_variant_still_compiling(tiny_llama_dir, jax_cache_di
             time.sleep(0.5)
         return compile_lowered(lowered, flags)
 
-    monkeypatch.setattr(ModelRunner, "_compile_lowered", staticmethod(slow_for_later_variants))
+    monkeypatch.setattr(StepCompiler, "_compile_lowered", staticmethod(slow_for_later_variants))
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
     runner = llm.llm_engine.runner
     assert started.wait(30) and runner.num_compiling_in_background() > 0
     assert llm.llm_engine.get_stats().num_compiling_in_background > 0  # what /metrics reports
     assert _greedy(llm) == jit_tokens  # logprobs=2: a variant compiled after ready
-    assert runner._sample._cache_size() == 0
+    assert runner.compiler.sample_jit._cache_size() == 0
     runner.wait_for_background_compiles()
     assert llm.llm_engine.get_stats().num_compiling_in_background == 0
 
@@ -93,18 +94,18 @@ def test_background_threads_only_compile(tiny_llama_dir, jax_cache_dir, monkeypa
     """Every sampler variant is traced before ready, on the thread that builds the engine or its compile
     pool, never on the background threads that run after ready (tracing holds the GIL the steps need)."""
     traced_on = []
-    lower_sampler = ModelRunner._lower_sampler
+    lower_sampler = StepCompiler._lower_sampler
 
     def recording(self, logits, flags):
         traced_on.append((threading.current_thread().name, flags.needed_at_start))
         return lower_sampler(self, logits, flags)
 
-    monkeypatch.setattr(ModelRunner, "_lower_sampler", recording)
+    monkeypatch.setattr(StepCompiler, "_lower_sampler", recording)
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
     runner = llm.llm_engine.runner
     runner.wait_for_background_compiles()
     every = {(s, f) for _, s, _ in runner.plan.all_shapes() for f in SamplerFlags.all_variants(MAX_LOGPROBS)}
-    assert set(runner._ahead_sample) == every
+    assert set(runner.compiler.ahead_sample) == every
     later = [name for name, at_start in traced_on if not at_start]
     assert len(later) == sum(not f.needed_at_start for _, f in every)
     assert not [name for name, _ in traced_on if name.startswith("jaxllm-compile-later")], traced_on
@@ -114,33 +115,33 @@ def test_failed_parallel_compile_falls_back(tiny_llama_dir, jax_cache_dir, jit_t
     def broken(self, *args, **kwargs):
         raise RuntimeError("simulated compiler failure")
 
-    monkeypatch.setattr(ModelRunner, "_compile_ahead_parallel", broken)
+    monkeypatch.setattr(StepCompiler, "_compile_ahead_parallel", broken)
     with caplog.at_level(logging.WARNING, logger="jaxllm"):
         llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
     assert "parallel ahead-of-time compilation failed" in caplog.text
     runner = llm.llm_engine.runner
-    assert runner._ahead_model == {} and runner._ahead_sample == {}
-    assert runner.model_step_traces() == len(runner.plan.all_shapes())
+    assert runner.compiler.ahead_model == {} and runner.compiler.ahead_sample == {}
+    assert runner.compiler.model_step_traces() == len(runner.plan.all_shapes())
     assert _greedy(llm) == jit_tokens
 
 
 EXIT_CHILD = """
 import sys, time
 from jaxllm import LLM
-from jaxllm.runner.model_runner import ModelRunner
+from jaxllm.runner.compiler import StepCompiler
 
-compile_lowered = ModelRunner._compile_lowered
+compile_lowered = StepCompiler._compile_lowered
 
 def slow_for_later_variants(lowered, flags):
     if not flags.needed_at_start:
         time.sleep(4.0)
     return compile_lowered(lowered, flags)
 
-ModelRunner._compile_lowered = staticmethod(slow_for_later_variants)
+StepCompiler._compile_lowered = staticmethod(slow_for_later_variants)
 llm = LLM(sys.argv[1], dtype="float32", max_model_len=256, compilation_cache_dir=sys.argv[2],
           compile_ahead=True, max_num_seqs=16, max_num_batched_tokens=64)
 runner = llm.llm_engine.runner
-print("READY", runner.num_compiling_in_background(), runner._background._max_workers, time.time(), flush=True)
+print("READY", runner.num_compiling_in_background(), runner.compiler.background._max_workers, time.time(), flush=True)
 """
 
 
@@ -188,9 +189,10 @@ def test_buckets_compile_with_their_tier_of_xla_options(
     tiers = {t: xla_options.step_tier(t) for t in runner.plan.token_buckets}
     assert set(tiers.values()) == set(xla_options.STEP_TIERS), tiers
     for t, tier in tiers.items():
-        assert runner._step_jit((t, 1, 1)) is runner._model_steps[tier]
+        assert runner.compiler.step_jit((t, 1, 1)) is runner.compiler.model_steps[tier]
     # _greedy's steps take buckets 8 and 64; the loop below compiles every bucket of every tier.
-    assert runner._model_steps["small"]._cache_size() >= 1 and runner._model_steps["large"]._cache_size() >= 1
+    assert runner.compiler.model_steps["small"]._cache_size() >= 1
+    assert runner.compiler.model_steps["large"]._cache_size() >= 1
 
     for tier, name in (("small", "SMALL_STEP_OPTIONS"), ("large", "LARGE_STEP_OPTIONS")):
         with monkeypatch.context() as m:

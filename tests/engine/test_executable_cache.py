@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxllm import LLM, SamplingParams
 from jaxllm.runner import executable_cache as ec
-from jaxllm.runner.model_runner import ModelRunner
+from jaxllm.runner.compiler import StepCompiler
 
 
 def _llm(folder, cache, *, ahead=True, keep=True):
@@ -48,18 +48,20 @@ def test_second_start_loads_every_variant(tiny_llama_dir, tmp_path, monkeypatch)
     del first
 
     lowered = []
-    real_lower = ModelRunner._lower_sampler
+    real_lower = StepCompiler._lower_sampler
     monkeypatch.setattr(
-        ModelRunner, "_lower_sampler", lambda self, *a: lowered.append(a) or real_lower(self, *a)
+        StepCompiler, "_lower_sampler", lambda self, *a: lowered.append(a) or real_lower(self, *a)
     )
     second = _llm(tiny_llama_dir, cache)
     runner = second.llm_engine.runner
     runner.wait_for_background_compiles()
     assert (runner.executables.hits, runner.executables.misses) == (stored, 0)
     assert second.llm_engine.startup_info["executables_loaded"] > 0
-    assert not lowered and runner.model_step_traces() == 0  # nothing traced: every variant was loaded
+    assert (
+        not lowered and runner.compiler.model_step_traces() == 0
+    )  # nothing traced: every variant was loaded
     assert _greedy(second) == jit_tokens
-    assert runner._sample._cache_size() == 0
+    assert runner.compiler.sample_jit._cache_size() == 0
 
 
 def test_key_holds_environment_and_description(tmp_path, monkeypatch):

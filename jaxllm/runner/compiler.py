@@ -1,0 +1,273 @@
+"""Compiling the runner's step ahead: every bucket of the model step and every sampler variant.
+
+    StepCompiler(model_step_fn, sample_fn, ...) -> jitted model step (one jit per tier of XLA options),
+                                                   jitted sampler, jitted prompt logprobs
+    compile_all -> ahead_model[shape], ahead_sample[(S, flags)]: executables the step calls directly
+                -> pending_sample[(S, flags)]: variants still compiling on background threads
+
+Every bucket of the model step and the sampler variants every workload uses (greedy and random sampling,
+with or without top-k / top-p) are compiled before the engine is ready, all of them at once on a thread
+pool: XLA compiles (and loads from the persistent compilation cache) outside the GIL. The other sampler
+variants (penalties, logprobs: 3 in 4 of them) are traced before ready too, and compile after it on
+background threads (tracing holds the GIL, which the steps need; XLA's compilation does not); a step
+that needs one first waits for its compile instead of compiling it again. Executables also go through
+the executable cache (executable_cache.py), so a warm start loads them without tracing. Prompt logprobs
+use a separate all-rows logits variant, compiled through jit on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import jax.numpy as jnp
+
+from jaxllm.compat import jit_cache_size, register_atexit_before_thread_pools
+from jaxllm.runner.buckets import BucketPlan
+from jaxllm.runner.executable_cache import ExecutableCache, describe_args
+from jaxllm.runner.input_batch import packed_size
+from jaxllm.runner.kv_cache import KVGeometry
+from jaxllm.runner.sampler import compute_prompt_logprobs
+from jaxllm.runner.sampling_metadata import MAX_LOGPROBS, SamplerFlags, build_sampling_metadata
+from jaxllm.runner.xla_options import STEP_TIERS, step_tier, tier_options
+
+logger = logging.getLogger("jaxllm")
+
+
+class StepCompiler:
+    """The jitted pieces of one runner's step and the executables compiled from them ahead.
+
+    `model_step_fn(params, kv_caches, packed, prev_ids, *, shape, all_logits) -> (logits, kv_caches)` and
+    `sample_fn(logits, sampling_metadata, *, flags) -> (SamplerOutput, padded ids)` are the runner's."""
+
+    def __init__(
+        self,
+        model_step_fn: Callable,
+        sample_fn: Callable,
+        *,
+        plan: BucketPlan,
+        module,
+        vocab_size: int,
+        history_width: int,
+        ids_width: int,
+        executables: ExecutableCache,
+    ):
+        self.plan = plan
+        self.module = module  # its repr (the model's configuration) goes into executable descriptions
+        self.vocab_size = vocab_size
+        self.history_width = history_width
+        self.ids_width = ids_width
+        self.executables = executables
+        # One jit of the model step per tier of compiler options (xla_options: small buckets merge more
+        # dots, large ones run their GEMMs on cuBLAS); the KV caches (argument 1) are donated.
+        step_jit = functools.partial(
+            jax.jit, model_step_fn, donate_argnums=(1,), static_argnames=("shape", "all_logits")
+        )
+        self.model_steps = {tier: step_jit(compiler_options=tier_options(tier)) for tier in STEP_TIERS}
+        self.sample_jit = jax.jit(sample_fn, static_argnames=("flags",))
+        self.prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
+        self.ahead_model: dict = {}  # bucket shape -> model step executable (logits of the sampled rows)
+        self.ahead_sample: dict = {}  # (S, flags) -> sampler executable
+        self.pending_sample: dict = {}  # (S, flags) -> Future of a variant compiling in the background
+        self.background: ThreadPoolExecutor | None = None
+
+    def step_jit(self, shape):
+        """The jitted model step whose compiler options suit the bucket (xla_options)."""
+        return self.model_steps[step_tier(shape[0])]
+
+    def sample(self, logits, smd, flags: SamplerFlags):
+        """Run the sampler variant `flags`: its executable (waited for while it compiles), else jit."""
+        key = (logits.shape[0], flags)
+        ahead = self.ahead_sample.get(key)
+        if ahead is None and (pending := self.pending_sample.get(key)) is not None:
+            if not pending.cancelled() and pending.exception() is None:  # compiling: wait for it
+                ahead = pending.result()
+        return ahead(logits, smd) if ahead is not None else self.sample_jit(logits, smd, flags=flags)
+
+    def empty_sampling_metadata(self, s: int, flags: SamplerFlags):
+        """Sampler inputs of a bucket with no rows: what compiling a sampler variant ahead needs."""
+        return build_sampling_metadata([], s, self.vocab_size, history_width=self.history_width, flags=flags)
+
+    # ---- memory --------------------------------------------------------------------------------------
+    def largest_step_temp_bytes(self, params, geometry: KVGeometry) -> int:
+        """Bytes a step needs beyond the weights and the KV cache, at the largest bucket."""
+        t = self.plan.token_buckets[-1]
+        shape = (t, self.plan.seqs_for(t), self.plan.page_buckets[-1])
+        sds = jax.ShapeDtypeStruct
+        kv = [(sds(geometry.layer_shape(16), geometry.dtype),) * 2 for _ in range(geometry.num_layers)]
+        packed = sds((packed_size(*shape),), jnp.int32)
+        prev = sds((self.ids_width,), jnp.int32)
+        abstract = jax.tree.map(lambda x: sds(x.shape, x.dtype), params)
+        compiled = self._compile_model_step(shape, (abstract, kv, packed, prev))
+        model_temp = _memory(compiled, "temp_size_in_bytes")
+        # The sampler runs after the forward's temporaries are freed; its widest variant (penalty history,
+        # the V-wide sort, logprobs) over the largest bucket's rows can need more (S=1024: several GiB).
+        info = compiled.out_info[0]
+        sampler = self._compile_sampler(
+            sds(info.shape, info.dtype), SamplerFlags(False, True, True, MAX_LOGPROBS)
+        )
+        sampler_need = _memory(sampler, "temp_size_in_bytes") + _memory(sampler, "argument_size_in_bytes")
+        return max(model_temp, sampler_need)
+
+    # ---- compiling ahead -----------------------------------------------------------------------------
+    def compile_all(
+        self, params, kv_caches, *, warm: Callable[[], None], sharded: bool, workers=None
+    ) -> float:
+        """Compile every bucket of the model step and every sampler variant, `workers` at a time; seconds.
+
+        Under tensor parallelism (`sharded`: a sharded KV cache) the step's inputs would need their
+        shardings spelled out for an executable; there `warm` instead runs each variant once through jit,
+        one after another, on padding inputs (which write nothing: all slots are -1)."""
+        t0 = time.perf_counter()
+        if sharded:
+            warm()
+            return time.perf_counter() - t0
+        try:
+            self._compile_ahead_parallel(params, kv_caches, workers or min(32, os.cpu_count() or 4))
+        except Exception:  # a variant that truly fails to compile fails again in the warm-up, loudly
+            logger.warning(
+                "parallel ahead-of-time compilation failed; warming up one variant at a time", exc_info=True
+            )
+            self.ahead_model, self.ahead_sample = {}, {}
+            warm()
+        return time.perf_counter() - t0
+
+    def _compile_ahead_parallel(self, params, kv_caches, workers: int) -> None:
+        sds = jax.ShapeDtypeStruct
+        prev = sds((self.ids_width,), jnp.int32)
+
+        def model(shape):
+            packed = sds((packed_size(*shape),), jnp.int32)
+            return self._compile_model_step(shape, (params, kv_caches, packed, prev))
+
+        later = {}  # (S, flags) -> the logits the variant takes, compiled after ready
+        with ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile") as pool:
+            models = {shape: pool.submit(model, shape) for shape in self.plan.all_shapes()}
+            samplers = {}
+            for shape, fut in models.items():
+                info = fut.result().out_info[0]  # the logits the sampler of this bucket takes
+                logits = sds(info.shape, info.dtype)
+                for flags in SamplerFlags.all_variants(MAX_LOGPROBS):
+                    key = (shape[1], flags)
+                    if key in samplers or key in later:
+                        continue
+                    if flags.needed_at_start:
+                        samplers[key] = pool.submit(self._compile_sampler, logits, flags)
+                    else:
+                        later[key] = logits
+            # The later variants are traced here, before ready, while the pool compiles the common ones:
+            # tracing holds the GIL, and on background threads it took it from the first steps (a 4 ms loop
+            # beside 4 threads on the development CPU: p99 24 ms, 9 ms when they only compile). XLA's
+            # compilation, left to the background, does not hold it; nor does loading a stored executable,
+            # so variants the executable cache holds are not traced at all.
+            todo = {}
+            for key, logits in later.items():
+                desc = self._sampler_description(logits, key[1])
+                if self.executables.contains(desc):  # loaded (traced there only if the entry fails to load)
+                    todo[key] = functools.partial(self._compile_sampler, logits, key[1])
+                else:
+                    lowered = self._lower_sampler(logits, key[1])
+                    todo[key] = functools.partial(
+                        self.executables.get_or_compile, desc,
+                        functools.partial(self._compile_lowered, lowered, key[1]),
+                    )  # fmt: skip
+            self.ahead_model = {shape: f.result() for shape, f in models.items()}
+            self.ahead_sample = {key: f.result() for key, f in samplers.items()}
+        self._compile_in_background(todo, max(1, min(4, workers // 2)))
+
+    def _compile_in_background(self, todo: dict, workers: int) -> None:
+        """Compile the sampler variants `todo` ((S, flags) -> a call that returns the executable: compiles
+        a traced variant or loads a stored one) on background threads. Each goes into ahead_sample when
+        done; `sample` waits on one still compiling. At interpreter exit the queued variants are cancelled
+        and the workers finish only the one in hand (a short script does not wait for them:
+        concurrent.futures alone would run the whole queue before exiting)."""
+        if not todo:
+            return
+        t0 = time.perf_counter()
+        self.background = ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile-later")
+        # Runs before concurrent.futures' own exit hook (these hooks run last-registered first).
+        register_atexit_before_thread_pools(
+            functools.partial(self.background.shutdown, wait=False, cancel_futures=True)
+        )
+        left = [len(todo)]
+
+        def done(key, fut):
+            if not fut.cancelled() and fut.exception() is None:  # a failed one compiles through jit
+                self.ahead_sample[key] = fut.result()
+            self.pending_sample.pop(key, None)
+            left[0] -= 1
+            if left[0] == 0:
+                logger.info(
+                    "compiled %d more sampler variants (penalties, logprobs) in the background in %.1f s",
+                    len(todo), time.perf_counter() - t0,
+                )  # fmt: skip
+
+        for key, build in todo.items():
+            fut = self.background.submit(build)
+            self.pending_sample[key] = fut
+            fut.add_done_callback(lambda f, key=key: done(key, f))
+        self.background.shutdown(wait=False)  # takes no more work; the queued variants still compile
+
+    def wait_for_background_compiles(self) -> None:
+        """Block until every sampler variant compile_all left to the background is compiled."""
+        for fut in list(self.pending_sample.values()):
+            if not fut.cancelled():
+                fut.exception()  # waits; a failure is left to jit at first use
+
+    def _compile_model_step(self, shape, args):
+        """The model step of bucket `shape` for these (abstract) arguments, compiled or loaded from the
+        executable cache."""
+        tier = step_tier(shape[0])
+        desc = (
+            f"model_step shape={shape} all_logits=False tier={tier} options={tier_options(tier)} "
+            f"module={self.module!r} args={describe_args(args)}"
+        )
+        compile_fn = lambda: self.step_jit(shape).lower(*args, shape=shape, all_logits=False).compile()  # noqa: E731
+        return self.executables.get_or_compile(desc, compile_fn)
+
+    def _sampler_description(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags) -> str:
+        smd = self.empty_sampling_metadata(logits.shape[0], flags)
+        return f"sampler flags={flags} ids_width={self.ids_width} args={describe_args((logits, smd))}"
+
+    def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
+        """The sampler variant `flags` for logits of this shape, compiled ahead (or loaded)."""
+        return self.executables.get_or_compile(
+            self._sampler_description(logits, flags),
+            lambda: self._compile_lowered(self._lower_sampler(logits, flags), flags),
+        )
+
+    def _lower_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
+        """The sampler variant `flags` traced and lowered for logits of this shape (Python: holds the GIL)."""
+        smd = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+            self.empty_sampling_metadata(logits.shape[0], flags),
+        )
+        return self.sample_jit.lower(logits, smd, flags=flags)
+
+    @staticmethod
+    def _compile_lowered(lowered, flags: SamplerFlags):
+        """XLA's compilation of a lowered sampler variant (or its load from the persistent cache); `flags`
+        names the variant."""
+        return lowered.compile()
+
+    # ---- counts --------------------------------------------------------------------------------------
+    def num_compiling_in_background(self) -> int:
+        return len(self.pending_sample)
+
+    def num_compiled(self) -> int:
+        jitted = sum(jit_cache_size(f) for f in (self.sample_jit, self.prompt_logprobs))
+        return jitted + self.model_step_traces() + len(self.ahead_model) + len(self.ahead_sample)
+
+    def model_step_traces(self) -> int:
+        """Model-step variants jit compiled on the way (not ahead of time)."""
+        return sum(jit_cache_size(step) for step in self.model_steps.values())
+
+
+def _memory(compiled, field: str) -> int:
+    mem = compiled.memory_analysis()
+    return int(getattr(mem, field, 0) or 0) if mem is not None else 0
