@@ -83,7 +83,8 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        # A failed loop is not running even while its thread is still finishing its except-block.
+        return self._thread is not None and self._thread.is_alive() and self.errored is None
 
     # ---- requests ------------------------------------------------------------------------------------
     def generate(

@@ -22,7 +22,9 @@ def _cycle():
 def test_freeze_then_collect_a_dropped_cycle_on_the_next_call():
     a = _cycle()
     frozen = freeze_startup_heap()
-    assert frozen > 0 and gc.get_freeze_count() == frozen
+    # Another thread (an earlier engine's background compiles) may free a frozen object meanwhile, which
+    # leaves the permanent generation: the count can only have dropped.
+    assert frozen > 0 and 0 < gc.get_freeze_count() <= frozen
     assert not any(o is a for o in gc.get_objects())  # frozen: full collections skip it
     ref = weakref.ref(a)
     del a
