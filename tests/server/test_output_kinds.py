@@ -118,3 +118,25 @@ def test_request_success_counts_every_choice_when_they_end_at_different_steps(cl
     after = client.get("/metrics").text
     for reason in set(reasons):
         assert _successes(after, reason) - _successes(before, reason) == reasons.count(reason), reason
+
+
+def test_sse_bytes_are_those_of_the_diffing_server(client, monkeypatch):
+    """Streams made from the engine's deltas are byte-for-byte what the server sent when it diffed
+    cumulative outputs, on the same tokens (recorded: completions and chat, n > 1, logprobs, echo, stop
+    strings with and without include_stop_str_in_output, min_tokens, usage)."""
+    import json
+    import os
+    import uuid
+
+    class FixedId:
+        hex = "0" * 32
+
+    monkeypatch.setattr(uuid, "uuid4", FixedId)
+    path = os.path.join(os.path.dirname(__file__), "data", "sse_before_deltas.json")
+    with open(path, encoding="utf-8") as f:
+        cases = json.load(f)["cases"]
+    assert len(cases) >= 10
+    for case in cases:
+        r = client.post(case["route"], json=case["body"])
+        assert r.status_code == 200
+        assert re.sub(r'"created":\d+', '"created":0', r.text) == case["sse"], case["body"]
