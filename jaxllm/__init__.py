@@ -1,8 +1,8 @@
 """jaxllm: high-throughput LLM inference and an OpenAI-compatible server on JAX/XLA.
 
-    from jaxllm import LLM, SamplingParams
-    llm = LLM()  # the embedded SmolLM2-135M-Instruct
-    print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0].outputs[0].text)
+from jaxllm import LLM, SamplingParams
+llm = LLM()  # the embedded SmolLM2-135M-Instruct
+print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0].outputs[0].text)
 """
 
 from jaxllm.outputs import CompletionOutput, RequestOutput

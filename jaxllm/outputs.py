@@ -1,6 +1,9 @@
 """What the engine hands back to users: `RequestOutput` with one `CompletionOutput` per sample.
 
-Host-only types (no jax), shaped like vLLM's so code written for vLLM reads them unchanged.
+Host-only types (no jax), shaped like vLLM's so code written for vLLM reads them unchanged. What an
+output holds depends on the request's `SamplingParams.output_kind`: everything so far (CUMULATIVE), what
+is new since the request's previous output (DELTA), or everything once at the end (FINAL_ONLY). Once
+handed out, an output is the caller's: the engine never changes it again.
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ PositionLogprobs = dict[int, Logprob]
 
 @dataclass(slots=True)
 class CompletionOutput:
+    """One sample. DELTA: `text`, `token_ids` and `logprobs` are what is new since this sample's previous
+    output, and `finish_reason` is set in the one output that reports the end; a DELTA RequestOutput lists
+    a sample only when it has something new (its first output lists every sample)."""
+
     index: int
     text: str
     token_ids: list[int]
-    cumulative_logprob: float | None = None
-    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None  # over all tokens so far, whatever the kind
+    logprobs: list[PositionLogprobs] | None = None  # one per token of `token_ids`
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
@@ -44,6 +51,9 @@ class RequestMetrics:
 
 @dataclass(slots=True)
 class RequestOutput:
+    """One request (all its samples). `prompt_logprobs`: with every output (CUMULATIVE), the first
+    (DELTA) or the only one (FINAL_ONLY); None in the others. `metrics` is a copy as of this output."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

@@ -1,13 +1,29 @@
 """Per-request sampling parameters (vLLM's `SamplingParams`), validated on construction.
 
 Host-only: no jax here. The runner turns a batch of these into device arrays (runner/sampler.py).
+`output_kind` says which RequestOutputs the engine builds for the request (engine/output_processor.py).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each RequestOutput of a request holds (vLLM's names).
+
+    CUMULATIVE: everything so far (whole text, all token ids and logprobs), after every step.
+    DELTA: only what is new since the request's previous output: per sample the new text, token ids and
+        logprob positions, its finish reason once; prompt logprobs with the first output. For streaming.
+    FINAL_ONLY: one output, when every sample has finished, with everything. For batch use.
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass(slots=True)
@@ -33,6 +49,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
     priority: int = 0
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_list: list[str] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -46,6 +63,14 @@ class SamplingParams:
             self.stop_list = [s for s in self.stop if s]
         if self.stop_token_ids is None:
             self.stop_token_ids = []
+        if not isinstance(self.output_kind, RequestOutputKind):
+            try:
+                self.output_kind = RequestOutputKind(self.output_kind)
+            except (ValueError, TypeError):
+                raise ValueError(
+                    f"output_kind={self.output_kind!r} must be a RequestOutputKind "
+                    f"({', '.join(k.name for k in RequestOutputKind)})"
+                ) from None
         self._validate()
 
     def _validate(self) -> None:
@@ -106,9 +131,7 @@ class SamplingParams:
 
     @property
     def uses_penalties(self) -> bool:
-        return (
-            self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
-        )
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def clone(self, **changes) -> SamplingParams:
         kw = {

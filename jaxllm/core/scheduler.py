@@ -242,7 +242,7 @@ class Scheduler:
     def get_stats(self) -> EngineStats:
         return EngineStats(
             num_requests_running=len(self.running),
-            num_requests_waiting=sum(1 for r in self.waiting if r.status != RequestStatus.SWAPPED),
+            num_requests_waiting=len(self.waiting) - len(self._swapped),  # swapped requests wait too
             num_requests_swapped=len(self._swapped),
             kv_cache_usage=self.kv.usage,
             prefix_cache_queries=self.kv.prefix_cache_queries,

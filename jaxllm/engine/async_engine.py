@@ -2,21 +2,27 @@
 
     generate() -- validate (raises ValueError at once) --> pending adds --> [engine thread] enqueue between steps
     [engine thread] step() --> RequestOutputs --> call_soon_threadsafe --> per-request asyncio.Queue --> stream
+    [engine thread] after each step: a fresh immutable EngineStats --> `get_stats()` on the event loop
 
 The engine thread never waits for the event loop: it applies adds and aborts between steps, steps, hands
 the outputs to the loop and steps again. The loop's work for those outputs (SSE chunks, JSON, sockets)
-then runs beside the next steps instead of between them (on the H200 at 32 streams the old design, where
-the loop started each step, left the step thread waiting for the loop about 1.9 ms per step). The two
-threads still share the GIL: with Python's 5 ms switch interval the HTTP work delays the step thread just
-as much, so the server sets a short one (`--gil-switch-interval-ms`, jaxllm/server/args.py).
-The engine is touched only by the engine thread (`prepare_request`, which validates and tokenizes, is the
-exception: it reads no state a step changes). A stream that is closed before its request finishes (a
-client disconnect) aborts the request and frees its blocks.
+then runs beside the next steps instead of between them; when the loop started each step, every step
+also waited for the loop's work on the previous one. The two threads still share the GIL: with Python's
+default 5 ms switch interval the HTTP work delays the step thread just as much, so the server sets a
+short one (`--gil-switch-interval-ms`, jaxllm/server/args.py).
+
+Nothing mutable is shared between the threads. The engine (scheduler, runner, output processor) is
+touched only by the engine thread (`prepare_request`, which validates and tokenizes, is the exception:
+it reads no state a step changes). The loop gets RequestOutputs the engine no longer touches, and reads
+the engine's counters only through the latest published `EngineStats` snapshot (replacing one reference
+is atomic), never the scheduler's lists. A stream that is closed before its request finishes (a client
+disconnect) aborts the request and frees its blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -25,7 +31,7 @@ from jaxllm.engine.llm_engine import LLMEngine
 from jaxllm.engine_args import EngineArgs
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
-from jaxllm.stats import EngineStats
+from jaxllm.stats import EngineStats, IterationTokens
 
 logger = logging.getLogger("jaxllm")
 
@@ -39,16 +45,20 @@ class AsyncLLMEngine:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.loaded.arch.vocab_size
         self.startup_info = dict(engine.startup_info, served_model_name=self.model_name)
-        self._queues: dict[str, asyncio.Queue] = {}  # the event loop's; the engine thread only reads it
-        self._lock = threading.Lock()  # guards the two pending lists
-        self._pending_adds: list = []
-        self._pending_aborts: list[str] = []
+        self._queues: dict[str, asyncio.Queue] = {}  # the event loop's alone
+        # The hand-over to the engine thread: adds (a prepared request) and aborts (a request id) in the
+        # order they happened, swapped out under the lock.
+        self._lock = threading.Lock()
+        self._pending: list = []
         self._work = threading.Event()  # set when there is something for an idle engine thread
         self._halt = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
-        self.iteration_tokens: list[int] = []  # tokens per step since the last read (for metrics)
+        self._iterations = IterationTokens()  # the engine thread's; published inside each snapshot
+        # The latest snapshot of the engine's counters: written only by the engine thread (and here, before
+        # it starts), read by the event loop.
+        self._stats: EngineStats = self._snapshot()
         self.errored: BaseException | None = None
 
     @classmethod
@@ -83,7 +93,8 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        # A failed loop is not running even while its thread is still finishing its except-block.
+        """The engine thread is stepping: started, not stopped, and not failed (a failed thread may take a
+        moment to end after it has failed every stream)."""
         return self._thread is not None and self._thread.is_alive() and self.errored is None
 
     # ---- requests ------------------------------------------------------------------------------------
@@ -100,7 +111,7 @@ class AsyncLLMEngine:
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
         with self._lock:
-            self._pending_adds.append(parent)
+            self._pending.append(parent)
         self._work.set()
         return self._stream(request_id, q)
 
@@ -122,35 +133,47 @@ class AsyncLLMEngine:
     async def abort(self, request_id: str) -> None:
         if self._queues.pop(request_id, None) is not None:
             with self._lock:
-                self._pending_aborts.append(request_id)
+                self._pending.append(request_id)
             self._work.set()
 
     def get_stats(self) -> EngineStats:
-        return self.engine.get_stats()
+        """The engine's counters as of its last step (or its last applied add/abort): an immutable snapshot
+        the engine thread published, so reading it never touches the scheduler."""
+        return self._stats
 
     # ---- the engine thread ---------------------------------------------------------------------------
-    def _apply_pending(self) -> None:
+    def _apply_pending(self) -> bool:
+        """Applies the adds and aborts handed over since the last call, in order; True if any. In order,
+        a request closed before the engine saw it is added and aborted at once, and an id reused after an
+        abort names the new request."""
         with self._lock:
-            adds, self._pending_adds = self._pending_adds, []
-            aborts, self._pending_aborts = self._pending_aborts, []
-        for parent in adds:
-            if parent.request_id in self._queues:  # not closed by its client meanwhile
-                self.engine.enqueue(parent)
-        if aborts:
-            self.engine.abort_request(aborts)
+            pending, self._pending = self._pending, []
+        for item in pending:
+            if isinstance(item, str):
+                self.engine.abort_request([item])
+            else:
+                self.engine.enqueue(item)
+        return bool(pending)
+
+    def _snapshot(self) -> EngineStats:
+        buckets, total = self._iterations.snapshot()
+        return dataclasses.replace(
+            self.engine.get_stats(), iteration_tokens_buckets=buckets, iteration_tokens_sum=total
+        )
 
     def _run(self) -> None:
         try:
             while not self._halt:
-                self._work.clear()  # before reading the pending lists: a later set() is not missed
-                self._apply_pending()
+                self._work.clear()  # before taking the pending list: a later set() is not missed
+                if self._apply_pending():
+                    self._stats = self._snapshot()  # an idle engine reports its aborts at once
                 if not self.engine.has_unfinished_requests():
                     self._work.wait()
                     continue
                 outputs = self.engine.step()
-                self.iteration_tokens.append(self.engine.last_step_tokens)
-                if len(self.iteration_tokens) > 10_000:  # nobody is reading: keep the newest
-                    del self.iteration_tokens[:5_000]
+                self._iterations.observe(self.engine.last_step_tokens)
+                # Published before the outputs: a client that has its answer sees its tokens counted.
+                self._stats = self._snapshot()
                 if outputs:
                     self._post(self._deliver, outputs)
         except BaseException as e:  # a failed step must not leave clients waiting forever

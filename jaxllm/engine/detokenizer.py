@@ -1,9 +1,10 @@
 """Token ids -> text, a few tokens at a time, and the stop-string checks on the growing text (host only).
 
 Data flow per request: the output processor calls `IncrementalDetokenizer.step(new_ids)` with each
-step's new tokens and gets the text they add (the delta); it appends the delta to the request's text,
-calls `check_stop_strings` on it, and streams `text[: len(text) - stop_holdback_len(text, stops)]`
-until the request finishes (then `flush()` returns anything still held back).
+step's new tokens and gets the text they add (the delta); with stop strings it appends the delta to the
+text not yet released, calls `check_stop_strings` on that, and releases all of it but its last
+`stop_holdback_len(text, stops)` characters; when the request finishes, `flush()` returns anything the
+detokenizer still holds back.
 
 Incremental decoding (as vLLM does it): keep two offsets into the token list, `prefix` and `read`.
 Each step decodes only tokens[prefix:read] (text already returned) and tokens[prefix:] (the same plus
@@ -22,7 +23,8 @@ model's first token (" Hello" where decode(output_ids) gives "Hello"): pass `con
 
 For a fast (Rust `tokenizers`) tokenizer whose class keeps transformers' own `_decode`, the windows are
 decoded by its Rust tokenizer directly: what `decode` returns with cleaning off, without its Python
-layers (argument conversion, batch checks), which cost 5x the decode itself, twice per request and step.
+layers (argument conversion, batch checks), which cost several times the decode itself, twice per
+request and step.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ compile, log) is `LLMEngine.from_engine_args`, in engine/builder.py; the engine 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import random
 import time
+from types import MappingProxyType
 
 from jaxllm.config import EngineConfig
 from jaxllm.core.scheduler import Scheduler
@@ -158,15 +160,20 @@ class LLMEngine:
         self.enqueue(self.prepare_request(request_id, prompt, params, priority=priority))
 
     def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        """Aborts requests (ids unknown here are ignored); returns each one's last output, as its kind
+        asks: finish reason "abort" for the samples still running."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        op = self.output_processor
         outs = []
         for rid in ids:
-            parent = self.output_processor.parents.get(rid)
+            parent = op.parents.get(rid)
             if parent is None:
                 continue
             self.scheduler.abort_requests([c.request.request_id for c in parent.children])
-            outs.append(self.output_processor.make_output(rid))
-            self.output_processor.remove(rid)
+            out = op.make_output(parent)
+            if out is not None:
+                outs.append(out)
+            op.remove(rid)
         return outs
 
     def next_request_id(self) -> str:
@@ -176,9 +183,9 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._inflight is not None
 
-    def step(self, *, finished_only: bool = False) -> list[RequestOutput]:
-        """One engine step: the outputs of one device step. `finished_only` (offline generate): build
-        RequestOutputs only for finished requests, skipping the per-step snapshot of every running one.
+    def step(self) -> list[RequestOutput]:
+        """One engine step: the outputs of one device step, each built as its request's output_kind asks
+        (a FINAL_ONLY request has one, in the step it finishes).
 
         With async scheduling the step after the one being collected is scheduled and dispatched first,
         so the host's scheduling and input building overlap the device's forward pass."""
@@ -207,7 +214,7 @@ class LLMEngine:
                 self._unreported_finished.extend(nxt.finished_request_ids)
         t0, wait0 = clock(), timing.wait_s
         runner_out = self.runner.collect(current)
-        outputs = self._process(current.sched, runner_out, finished_only)
+        outputs = self._process(current.sched, runner_out)
         timing.add("process", clock() - t0 - (timing.wait_s - wait0))
         return outputs
 
@@ -235,45 +242,47 @@ class LLMEngine:
                 return False
         return True
 
-    def _process(self, sched_out, runner_out, finished_only: bool) -> list[RequestOutput]:
+    def _process(self, sched_out, runner_out) -> list[RequestOutput]:
+        op = self.output_processor
         for rid, lp in runner_out.prompt_logprobs.items():
-            if rid in self.output_processor.child_to_parent:
-                self.output_processor.on_prompt_logprobs(rid, lp)
+            if rid in op.child_to_parent:
+                op.on_prompt_logprobs(rid, lp)
         new_tokens = {
             rid: toks for rid, toks in zip(runner_out.req_ids, runner_out.sampled_token_ids) if toks
         }
         updated = self.scheduler.update_from_output(sched_out, runner_out)
-        touched: dict[str, None] = {}
-        stopped: list[tuple[str, str]] = []
+        touched: dict[str, ParentState] = {}
+        stopped: list[tuple[Request, str]] = []
         for req in updated:
-            pc = self.output_processor.child_to_parent.get(req.request_id)
+            pc = op.child_to_parent.get(req.request_id)
             if pc is None:
                 continue
-            stop = self.output_processor.on_tokens(
+            stop = op.on_tokens(
                 req, new_tokens.get(req.request_id, []), runner_out.logprobs.get(req.request_id)
             )
             if stop is not None and not req.is_finished:
                 stopped.append((req, stop))
-            touched[pc[0].request_id] = None
+            touched[pc[0].request_id] = pc[0]
         for req, stop in stopped:
             self.scheduler.finish_requests([req.request_id], RequestStatus.FINISHED_STOPPED)
             req.stop_reason = stop
         outputs = []
-        for pid in touched:
-            if finished_only and not all(
-                c.request.is_finished for c in self.output_processor.parents[pid].children
-            ):
-                continue
-            out = self.output_processor.make_output(pid)
-            outputs.append(out)
-            if out.finished:
-                self.output_processor.remove(pid)
+        for parent in touched.values():
+            out = op.make_output(parent)
+            if out is not None:
+                outputs.append(out)
+            if parent.finished:
+                op.remove(parent.request_id)
         return outputs
 
     def get_stats(self) -> EngineStats:
-        stats = self.scheduler.get_stats()
-        stats.num_compiling_in_background = self.runner.num_compiling_in_background()
-        stats.num_steps = self.runner.timing.steps
-        stats.step_device_wait_s = self.runner.timing.wait_s
-        stats.step_host_s = dict(self.runner.timing.host_s)
-        return stats
+        """A fresh immutable snapshot of the counters. It reads the scheduler's and the runner's state, so
+        call it from the thread that steps the engine (AsyncLLMEngine publishes one after each step)."""
+        timing = self.runner.timing
+        return dataclasses.replace(
+            self.scheduler.get_stats(),
+            num_compiling_in_background=self.runner.num_compiling_in_background(),
+            num_steps=timing.steps,
+            step_device_wait_s=timing.wait_s,
+            step_host_s=MappingProxyType(dict(timing.host_s)),
+        )

@@ -1,9 +1,21 @@
-"""Turn per-step request updates into user-facing `RequestOutput`s.
+"""Turn per-step request updates into user-facing `RequestOutput`s, built as each request's kind asks.
 
-For each request updated by a step: detokenize the new tokens incrementally, look for stop strings (the
-engine finishes the request when one is found), convert logprobs, and assemble the cumulative
-`RequestOutput` of its parent (a parent has `n` child requests, one per sample). While a request runs, text
-that could still grow into a stop string is held back from `outputs[i].text`.
+For each request a step updated, `on_tokens` detokenizes the new tokens incrementally, looks for stop
+strings (the engine finishes the request when one is found) and converts logprobs; `make_output` then
+assembles the output of its parent (a parent has `n` child requests, one per sample) for the parent's
+`SamplingParams.output_kind`:
+
+    CUMULATIVE  the whole text and copies of all token ids and logprobs, every step (the kind's own cost)
+    DELTA       the text released, the token ids and the logprob positions added since the last output
+    FINAL_ONLY  nothing until every child has finished, then everything, once
+
+Text is released, never taken back. While a request runs, decoded text that could still grow into a stop
+string is held (`ChildState.held`, at most the longest stop string's length minus one) until it can't;
+released text waits in `ChildState.pieces` for the parent's next output. When the request ends (length,
+stop token, abort) the held text and whatever the detokenizer still holds are released; a stop string
+cuts the text where it starts (or ends, with include_stop_str_in_output) and nothing follows. A stop
+string can only start in held text, so the checks look at the held text and the new text, never the
+whole: per step, a DELTA or FINAL_ONLY request costs its new tokens, not its whole output.
 """
 
 from __future__ import annotations
@@ -15,21 +27,29 @@ from jaxllm.engine.detokenizer import IncrementalDetokenizer, check_stop_strings
 from jaxllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from jaxllm.request import Request
 from jaxllm.runner_output import TokenLogprobs
+from jaxllm.sampling_params import RequestOutputKind
+
+_CUMULATIVE = RequestOutputKind.CUMULATIVE
+_DELTA = RequestOutputKind.DELTA
+_FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ChildState:
     request: Request
     index: int
     detok: IncrementalDetokenizer | None
-    text: str = ""
-    stopped_text: str | None = None  # final text once a stop string was found
-    logprobs: list[PositionLogprobs] | None = None
+    held: str = ""  # decoded text that may still turn out to start a stop string: not released yet
+    pieces: list[str] = field(default_factory=list)  # released text not in an output yet
+    text: str = ""  # CUMULATIVE: all text released so far
+    text_done: bool = False  # no more text: a stop string cut it, or the request ended (all released)
+    logprobs: list[PositionLogprobs] | None = None  # DELTA: positions not in an output yet; else all
     cumulative_logprob: float | None = None
-    num_emitted_tokens: int = 0
+    num_sent_tokens: int = 0  # DELTA: how many output token ids are already in an output
+    finish_sent: bool = False  # an output has carried its finish reason
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ParentState:
     request_id: str
     prompt: str | None
@@ -38,7 +58,9 @@ class ParentState:
     metrics: RequestMetrics
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     finished: bool = False
-    extra: dict = field(default_factory=dict)
+    kind: RequestOutputKind = _CUMULATIVE  # set by OutputProcessor.add from the children's params
+    stop_window: int = 0  # the longest stop string's length - 1: how far back a stop can start (add)
+    num_outputs: int = 0
 
 
 class OutputProcessor:
@@ -48,6 +70,9 @@ class OutputProcessor:
         self.child_to_parent: dict[str, tuple[ParentState, ChildState]] = {}
 
     def add(self, parent: ParentState) -> None:
+        params = parent.children[0].request.sampling_params
+        parent.kind = params.output_kind
+        parent.stop_window = max(map(len, params.stop_list), default=1) - 1
         self.parents[parent.request_id] = parent
         for c in parent.children:
             self.child_to_parent[c.request.request_id] = (parent, c)
@@ -76,78 +101,168 @@ class OutputProcessor:
     def on_tokens(self, req: Request, new_token_ids: list[int], lp: TokenLogprobs | None) -> str | None:
         """Record new tokens of a child; returns the stop string if one was found (engine finishes it)."""
         parent, child = self.child_to_parent[req.request_id]
-        now = time.monotonic()
-        if parent.metrics.first_token_time is None and new_token_ids:
-            parent.metrics.first_token_time = now
         if new_token_ids:
+            now = time.monotonic()
+            if parent.metrics.first_token_time is None:
+                parent.metrics.first_token_time = now
             parent.metrics.last_token_time = now
-        if lp is not None and req.sampling_params.logprobs is not None:
+        params = req.sampling_params
+        if lp is not None and params.logprobs is not None:
             if child.logprobs is None:
                 child.logprobs = []
                 child.cumulative_logprob = 0.0
             for r in range(lp.token_ids.shape[0]):
                 child.logprobs.append(self._to_position_logprobs(lp, r))
                 child.cumulative_logprob += float(lp.logprobs[r, 0])
-        if child.detok is None or child.stopped_text is not None:
+        if child.detok is None or child.text_done:
             return None
-        params = req.sampling_params
+        stops = params.stop_list
+        if not stops:
+            delta = child.detok.step(new_token_ids)
+            if delta:
+                child.pieces.append(delta)
+            return None
+        # One token at a time: the earliest stop string wins, and the tokens after it add no text.
+        text = child.held
         for tid in new_token_ids:
             delta = child.detok.step([tid])
             if not delta:
                 continue
-            child.text += delta
-            if params.stop_list:
-                stop, truncated = check_stop_strings(
-                    child.text, len(delta), params.stop_list, params.include_stop_str_in_output
-                )
-                if stop is not None:
-                    child.stopped_text = truncated
-                    child.text = truncated
-                    return stop
+            text += delta
+            stop, truncated = check_stop_strings(text, len(delta), stops, params.include_stop_str_in_output)
+            if stop is not None:
+                child.held = ""
+                child.text_done = True
+                if truncated:
+                    child.pieces.append(truncated)
+                return stop
+        if parent.kind is _FINAL_ONLY:
+            # Nothing is shown before the end, so nothing need be held exactly: keep a window that a stop
+            # string could still start in, and move the text before it on now and then.
+            keep = parent.stop_window
+            if len(text) > 2 * keep + 64:
+                child.pieces.append(text[: len(text) - keep])
+                text = text[len(text) - keep :]
+            child.held = text
+            return None
+        hold = stop_holdback_len(text, stops)
+        if hold < len(text):
+            child.pieces.append(text[: len(text) - hold])
+        child.held = text[len(text) - hold :] if hold else ""
         return None
 
-    def make_output(self, parent_id: str) -> RequestOutput:
-        parent = self.parents[parent_id]
+    @staticmethod
+    def _end_text(child: ChildState) -> None:
+        """The request ended without a stop string: release the held text and the detokenizer's rest."""
+        child.text_done = True
+        if child.detok is None:
+            return
+        tail = child.held + child.detok.flush()
+        child.held = ""
+        if tail:
+            child.pieces.append(tail)
+
+    def make_output(self, parent: ParentState) -> RequestOutput | None:
+        """The parent's output now, as its kind asks; None when the kind sends nothing now (FINAL_ONLY
+        before the end). Marks the parent finished once every child has."""
+        finished = True
+        for c in parent.children:
+            if c.request.is_finished:
+                if not c.text_done:
+                    self._end_text(c)
+            else:
+                finished = False
+        kind = parent.kind
+        if kind is _DELTA:
+            outs = self._delta_completions(parent)
+        elif kind is _CUMULATIVE:
+            outs = [_cumulative_completion(c) for c in parent.children]
+        elif finished:  # FINAL_ONLY: every child's only output
+            outs = [_final_completion(c) for c in parent.children]
+        else:
+            return None
+        first = parent.num_outputs == 0
+        parent.num_outputs += 1
+        m = parent.metrics
+        if finished and not parent.finished:
+            parent.finished = True
+            m.finished_time = time.monotonic()
+        return RequestOutput(
+            parent.request_id,
+            parent.prompt,
+            parent.prompt_token_ids,
+            outs,
+            finished,
+            parent.prompt_logprobs if first or kind is not _DELTA else None,
+            max(0, parent.children[0].request.num_cached_tokens),
+            RequestMetrics(
+                m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time, m.finished_time
+            ),
+        )
+
+    @staticmethod
+    def _delta_completions(parent: ParentState) -> list[CompletionOutput]:
+        """What is new for each child since the parent's last output; the first output lists every child,
+        later ones only the children with new tokens or an unreported end (text comes only with those)."""
+        first = parent.num_outputs == 0
         outs = []
         for c in parent.children:
             r = c.request
-            done = r.is_finished
-            text = c.text
-            if not done and c.detok is not None and r.sampling_params.stop_list:
-                hold = stop_holdback_len(text, r.sampling_params.stop_list)
-                text = text[: len(text) - hold] if hold else text
-            if done and c.detok is not None and c.stopped_text is None:
-                c.text += c.detok.flush()
-                text = c.text
+            ids = r.output_token_ids
+            num_new = len(ids) - c.num_sent_tokens
+            finish = None if c.finish_sent else r.finish_reason
+            if not (num_new or finish or first):
+                continue
+            new_ids = ids[c.num_sent_tokens :] if num_new else []
+            c.num_sent_tokens = len(ids)
+            text = "".join(c.pieces)
+            c.pieces.clear()
+            logprobs = c.logprobs
+            if logprobs is not None:
+                c.logprobs = []
+            if finish is not None:
+                c.finish_sent = True
             outs.append(
                 CompletionOutput(
-                    index=c.index,
-                    text=text,
-                    token_ids=list(r.output_token_ids),
-                    cumulative_logprob=c.cumulative_logprob,
-                    logprobs=list(c.logprobs) if c.logprobs is not None else None,
-                    finish_reason=r.finish_reason,
-                    stop_reason=r.stop_reason,
+                    c.index, text, new_ids, c.cumulative_logprob, logprobs, finish, r.stop_reason
                 )
             )
-        finished = all(c.request.is_finished for c in parent.children)
-        if finished and not parent.finished:
-            parent.finished = True
-            parent.metrics.finished_time = time.monotonic()
-        cached = max(0, parent.children[0].request.num_cached_tokens)
-        return RequestOutput(
-            request_id=parent.request_id,
-            prompt=parent.prompt,
-            prompt_token_ids=parent.prompt_token_ids,
-            outputs=outs,
-            finished=finished,
-            prompt_logprobs=parent.prompt_logprobs,
-            num_cached_tokens=cached,
-            metrics=parent.metrics,
-        )
+        return outs
 
     def remove(self, parent_id: str) -> None:
         parent = self.parents.pop(parent_id, None)
         if parent is not None:
             for c in parent.children:
                 self.child_to_parent.pop(c.request.request_id, None)
+
+
+def _cumulative_completion(c: ChildState) -> CompletionOutput:
+    """Everything so far: the whole text and copies of the token ids and logprobs."""
+    if c.pieces:
+        c.text += "".join(c.pieces)
+        c.pieces.clear()
+    r = c.request
+    logprobs = list(c.logprobs) if c.logprobs is not None else None
+    return CompletionOutput(
+        c.index,
+        c.text,
+        list(r.output_token_ids),
+        c.cumulative_logprob,
+        logprobs,
+        r.finish_reason,
+        r.stop_reason,
+    )
+
+
+def _final_completion(c: ChildState) -> CompletionOutput:
+    """A finished child's only output: its state is handed over, not copied (the parent is dropped)."""
+    r = c.request
+    return CompletionOutput(
+        c.index,
+        "".join(c.pieces),
+        list(r.output_token_ids),
+        c.cumulative_logprob,
+        c.logprobs,
+        r.finish_reason,
+        r.stop_reason,
+    )

@@ -1,7 +1,8 @@
 """The offline API, as in vLLM: `LLM(model=...).generate(prompts, SamplingParams(...))` and `.chat()`.
 
-All prompts are added to the engine at once and `step()` runs until every request finishes; outputs come
-back in input order.
+All prompts are added to the engine at once, as FINAL_ONLY requests (the engine builds each request's
+output once, when it finishes), and `step()` runs until every request finishes; outputs come back in
+input order.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 from jaxllm.engine_args import engine_args_from_kwargs
 from jaxllm.outputs import RequestOutput
-from jaxllm.sampling_params import SamplingParams
+from jaxllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger("jaxllm")
 
@@ -54,6 +55,17 @@ class LLM:
         if len(params) != len(items):
             raise ValueError(f"sampling_params has {len(params)} entries for {len(items)} prompts")
         engine = self.llm_engine
+        # Nothing reads a request's output before it finishes: ask for its final one alone (a clone per
+        # distinct params object, so the caller's stays as it was).
+        final: dict[int, SamplingParams] = {}
+        for sp in params:
+            if id(sp) not in final and isinstance(sp, SamplingParams):
+                final[id(sp)] = (
+                    sp
+                    if sp.output_kind is RequestOutputKind.FINAL_ONLY
+                    else sp.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+                )
+        params = [final.get(id(sp), sp) for sp in params]
         # Validate everything before adding anything, so a bad prompt leaves the engine untouched.
         parents = [
             engine.prepare_request(
@@ -67,9 +79,10 @@ class LLM:
         results: list[RequestOutput | None] = [None] * len(parents)
         bar = _progress(len(parents), use_tqdm)
         while engine.has_unfinished_requests():
-            for out in engine.step(finished_only=True):
-                if out.finished:
-                    results[order[out.request_id]] = out
+            for out in engine.step():
+                i = order.get(out.request_id)
+                if i is not None and out.finished:
+                    results[i] = out
                     if bar is not None:
                         bar.update(1)
         if bar is not None:

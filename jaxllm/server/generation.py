@@ -1,6 +1,7 @@
 """Running engine requests on behalf of a handler: validation against the context, metrics, abort.
 
-prompt ids + CommonFields --make_sampling_params--> SamplingParams (400 naming the field on error)
+prompt ids + CommonFields --make_sampling_params--> SamplingParams (400 naming the field on error); a
+    streamed request asks the engine for DELTA outputs (what is new per choice), any other for FINAL_ONLY
 engine.generate(...) --tracked--> RequestOutputs observed by a RequestTracker; leaving early aborts
 several prompts --start_all--> primed streams (an engine ValueError becomes a 400 before any byte
     is sent) --merge--> (prompt index, RequestOutput) as produced, or --collect--> final outputs,
@@ -16,7 +17,7 @@ from typing import Any
 import anyio
 
 from jaxllm.outputs import RequestOutput
-from jaxllm.sampling_params import SamplingParams
+from jaxllm.sampling_params import RequestOutputKind, SamplingParams
 from jaxllm.server.errors import APIError, from_value_error
 from jaxllm.server.metrics import ServerMetrics
 from jaxllm.server.protocol import CommonFields
@@ -55,7 +56,8 @@ def make_sampling_params(
     prompt_param: str = "prompt",
     vocab_size: int | None = None,
 ) -> SamplingParams:
-    """SamplingParams for one prompt; max_tokens=None means what the context leaves."""
+    """SamplingParams for one prompt; max_tokens=None means what the context leaves. A stream gets DELTA
+    outputs (its chunks are the deltas), a single response FINAL_ONLY (one output at the end)."""
     if prompt_len >= max_model_len:
         raise APIError(
             f"This model's maximum context length is {max_model_len} tokens. However, your request has "
@@ -72,7 +74,11 @@ def make_sampling_params(
             )
     try:
         params = SamplingParams(
-            **common.sampling, max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+            **common.sampling,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            output_kind=RequestOutputKind.DELTA if common.stream else RequestOutputKind.FINAL_ONLY,
         )
     except (ValueError, TypeError) as e:
         raise from_value_error(ValueError(str(e))) from None
@@ -102,7 +108,7 @@ async def tracked(
     priority: int = 0,
 ) -> AsyncIterator[RequestOutput]:
     """engine.generate, observed for metrics; a consumer that stops early (disconnect, error) aborts it."""
-    tracker = metrics.tracker()
+    tracker = metrics.tracker(params.output_kind)
     finished = False
     gen = engine.generate(prompt, params, request_id, priority=priority)
     try:

@@ -1,10 +1,11 @@
 """Prometheus metrics with vLLM's names under the `jaxllm:` prefix, in a registry owned by one app.
 
 Two sources feed it:
-- the engine's `EngineStats` snapshot, read at scrape time by `_EngineStatsCollector` (gauges for running,
-  waiting and KV usage; counters for the engine's cumulative token/prefix/preemption counts);
+- the engine's latest `EngineStats` snapshot (immutable, published by the engine thread after each step),
+  read at scrape time by `_EngineStatsCollector`: gauges for running, waiting and KV usage; counters for
+  the engine's cumulative token/prefix/preemption/step counts; the tokens-per-step histogram;
 - the handlers, through one `RequestTracker` per engine request (TTFT, inter-token latency, end-to-end
-  latency, queue time, request_success by finished_reason).
+  latency, queue time, request_success by finished_reason), whatever the request's output kind.
 `StatsLogger.tick()` (called every few seconds by the app) turns counter deltas into the average
 throughput gauges and logs a vLLM-style line.
 """
@@ -15,10 +16,11 @@ import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from jaxllm.outputs import RequestOutput
-from jaxllm.stats import STEP_HOST_PHASES
+from jaxllm.sampling_params import RequestOutputKind
+from jaxllm.stats import ITERATION_TOKEN_BUCKETS, STEP_HOST_PHASES
 
 logger = logging.getLogger("jaxllm.server")
 
@@ -62,7 +64,6 @@ _ITL_BUCKETS = (
     2.5,
     5.0,
 )
-_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class _EngineStatsCollector:
@@ -126,6 +127,21 @@ class _EngineStatsCollector:
         for phase in STEP_HOST_PHASES:
             host.add_metric([self.model_name, phase], s.step_host_s.get(phase, 0.0))
         yield host
+        yield _iteration_histogram(s.iteration_tokens_buckets, s.iteration_tokens_sum, self.model_name)
+
+
+def _iteration_histogram(counts: tuple[int, ...], total: int, model_name: str) -> HistogramMetricFamily:
+    """The engine's tokens-per-step counts (one per bucket, +Inf last) as Prometheus' cumulative buckets."""
+    h = HistogramMetricFamily(
+        "jaxllm:iteration_tokens_total", "Number of tokens per engine step.", labels=["model_name"]
+    )
+    counts = counts or (0,) * (len(ITERATION_TOKEN_BUCKETS) + 1)
+    buckets, running = [], 0
+    for bound, c in zip((*map(str, map(float, ITERATION_TOKEN_BUCKETS)), "+Inf"), counts, strict=True):
+        running += c
+        buckets.append((bound, running))
+    h.add_metric([model_name], buckets, sum_value=total)
+    return h
 
 
 class ServerMetrics:
@@ -163,14 +179,6 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         ).labels(model_name)
-        # Fed from the engine's `iteration_tokens` list (tokens per step) when it has one; see drain_iterations.
-        self.iteration_tokens = Histogram(
-            "jaxllm:iteration_tokens_total",
-            "Number of tokens per engine step.",
-            labels,
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
-        ).labels(model_name)
         self._success = Counter(
             "jaxllm:request_success",
             "Count of successfully processed requests.",
@@ -193,43 +201,46 @@ class ServerMetrics:
     def request_finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()
 
-    def drain_iterations(self) -> None:
-        """Moves the engine's per-step token counts into the histogram (the engine appends, we take)."""
-        steps = getattr(self.engine, "iteration_tokens", None)
-        if not isinstance(steps, list):
-            return
-        n = len(steps)
-        taken = steps[:n]
-        del steps[:n]  # appends made meanwhile land after n and stay for next time
-        for t in taken:
-            self.iteration_tokens.observe(t)
-
     def render(self) -> bytes:
-        self.drain_iterations()
         return generate_latest(self.registry)
 
-    def tracker(self) -> RequestTracker:
-        return RequestTracker(self)
+    def tracker(self, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> RequestTracker:
+        return RequestTracker(self, kind)
 
 
 class RequestTracker:
-    """Observes one engine request's outputs as they arrive."""
+    """Observes one engine request's outputs as they arrive. Streams (CUMULATIVE or DELTA outputs) are timed
+    as their tokens reach the server; a FINAL_ONLY request has one output, so its first-token and
+    inter-token times come from the engine's timestamps in that output's metrics."""
 
-    def __init__(self, metrics: ServerMetrics):
+    def __init__(self, metrics: ServerMetrics, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE):
         self.m = metrics
+        self.kind = kind
         self.arrival = time.monotonic()
         self.last_token_time: float | None = None
         self.num_tokens = 0
+        self._delta_tokens: dict[int, int] = {}  # DELTA: tokens so far per choice
+
+    def _tokens_so_far(self, ro: RequestOutput) -> int:
+        """The most tokens any choice has so far."""
+        if self.kind is not RequestOutputKind.DELTA:
+            return max((len(o.token_ids) for o in ro.outputs), default=0)
+        counts = self._delta_tokens
+        for o in ro.outputs:
+            if o.token_ids:
+                counts[o.index] = counts.get(o.index, 0) + len(o.token_ids)
+        return max(counts.values(), default=0)
 
     def on_output(self, ro: RequestOutput) -> None:
         now = time.monotonic()
-        n = max((len(o.token_ids) for o in ro.outputs), default=0)
-        if n > self.num_tokens:
+        n = self._tokens_so_far(ro)
+        if self.kind is RequestOutputKind.FINAL_ONLY:
+            if ro.finished:
+                self._observe_from_engine_times(ro, n)
+        elif n > self.num_tokens:
             if self.last_token_time is None:
                 self.m.ttft.observe(now - self.arrival)
-                mt = ro.metrics
-                if mt is not None and mt.first_scheduled_time is not None:
-                    self.m.queue_time.observe(max(0.0, mt.first_scheduled_time - mt.arrival_time))
+                self._observe_queue_time(ro)
             else:
                 # One observation per new token, spread evenly over the gap since the last output.
                 gap = (now - self.last_token_time) / (n - self.num_tokens)
@@ -237,10 +248,33 @@ class RequestTracker:
                     self.m.itl.observe(gap)
             self.last_token_time = now
             self.num_tokens = n
-        if ro.finished:
-            self.m.e2e.observe(now - self.arrival)
+        if self.kind is RequestOutputKind.DELTA:  # each choice's finish reason comes once, when it ends
+            for o in ro.outputs:
+                if o.finish_reason is not None:
+                    self.m.request_finished(o.finish_reason)
+        elif ro.finished:  # the last output lists every choice
             for o in ro.outputs:
                 self.m.request_finished(o.finish_reason or "stop")
+        if ro.finished:
+            self.m.e2e.observe(now - self.arrival)
+
+    def _observe_queue_time(self, ro: RequestOutput) -> None:
+        mt = ro.metrics
+        if mt is not None and mt.first_scheduled_time is not None:
+            self.m.queue_time.observe(max(0.0, mt.first_scheduled_time - mt.arrival_time))
+
+    def _observe_from_engine_times(self, ro: RequestOutput, n: int) -> None:
+        """TTFT from the engine's arrival to its first token; the time from the first token to the last
+        spread evenly over the n - 1 tokens after the first (all on the engine's clock)."""
+        mt = ro.metrics
+        if not n or mt is None or mt.first_token_time is None:
+            return
+        self.m.ttft.observe(max(0.0, mt.first_token_time - mt.arrival_time))
+        self._observe_queue_time(ro)
+        if n > 1 and mt.last_token_time is not None:
+            gap = max(0.0, mt.last_token_time - mt.first_token_time) / (n - 1)
+            for _ in range(n - 1):
+                self.m.itl.observe(gap)
 
 
 class StatsLogger:
@@ -254,7 +288,6 @@ class StatsLogger:
         self.idle = True  # nothing ran during the last tick (the app then skips the log line, as vLLM)
 
     def tick(self) -> str:
-        self.m.drain_iterations()
         now = time.monotonic()
         s = self.m.engine.get_stats()
         dt = max(now - self._last_time, 1e-6)

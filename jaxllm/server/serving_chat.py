@@ -2,7 +2,9 @@
 
 The template is --chat-template when given, else the tokenizer's own. Streaming sends a first chunk with
 the assistant role per choice, then content deltas, the finish reason, and (with
-stream_options.include_usage) a last chunk with no choices and the usage.
+stream_options.include_usage) a last chunk with no choices and the usage. The engine's DELTA outputs
+(generation.make_sampling_params) carry exactly what each chunk sends; a single response is the engine's
+FINAL_ONLY output.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from jaxllm.server.generation import (
 from jaxllm.server.logprobs import chat_logprobs
 from jaxllm.server.protocol import ChatRequest, get_int, parse_chat
 from jaxllm.server.state import ServerState
-from jaxllm.server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
+from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
 
 
 def render_chat(state: ServerState, req: ChatRequest) -> list[int]:
@@ -126,18 +128,17 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
         return c
 
     async def events():
-        deltas = ChoiceDeltas()
-        prompt_tokens, completion_tokens = len(ids), {}
+        started: set[int] = set()  # choices whose role chunk went out
+        prompt_tokens, completion_tokens = len(ids), 0
         merged = merge([stream])
         try:
             async for _, ro in merged:
                 prompt_tokens = len(ro.prompt_token_ids) or prompt_tokens
+                # DELTA: the choices with something new (the first output lists them all), only the new.
                 for o in ro.outputs:
-                    completion_tokens[o.index] = len(o.token_ids)
-                    d = deltas.update(o.index, o)
-                    if d is None:
-                        continue
-                    if d.first:
+                    completion_tokens += len(o.token_ids)
+                    if o.index not in started:
+                        started.add(o.index)
                         yield sse(
                             chunk(
                                 [
@@ -150,10 +151,10 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                                 ]
                             )
                         )
-                    if not d.text and not d.token_ids and d.finish_reason is None:
+                    if not o.text and not o.token_ids and o.finish_reason is None:
                         continue
-                    lp = chat_logprobs(tok, d.token_ids, d.logprobs, top_n) if req.logprobs else None
-                    delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+                    lp = chat_logprobs(tok, o.token_ids, o.logprobs, top_n) if req.logprobs else None
+                    delta = {"content": o.text} if o.text or o.finish_reason is None else {}
                     yield sse(
                         chunk(
                             [
@@ -161,17 +162,16 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                                     "index": o.index,
                                     "delta": delta,
                                     "logprobs": lp,
-                                    "finish_reason": d.finish_reason,
+                                    "finish_reason": o.finish_reason,
                                 }
                             ]
                         )
                     )
             if include_usage:
-                total = sum(completion_tokens.values())
                 usage = {
                     "prompt_tokens": prompt_tokens,
-                    "completion_tokens": total,
-                    "total_tokens": prompt_tokens + total,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
                 }
                 yield sse(chunk([], usage))
         except APIError as e:

@@ -1,7 +1,8 @@
 """POST /v1/completions: prompts -> token ids -> one engine request per prompt -> OpenAI's response.
 
 Choice `i * n + j` is sample j of prompt i (as vLLM numbers them). Streaming sends each choice's new
-text as the engine produces it; `echo` prepends the prompt (and its logprobs when `logprobs` is set).
+text as the engine produces it (its DELTA outputs); `echo` prepends the prompt (and its logprobs when
+`logprobs` is set). A single response is made from each prompt's FINAL_ONLY output.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jaxllm.server.generation import (
 from jaxllm.server.logprobs import completion_logprobs
 from jaxllm.server.protocol import get_int, parse_completion
 from jaxllm.server.state import ServerState
-from jaxllm.server.streaming import DONE, SSE_HEADERS, ChoiceDeltas, sse
+from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -113,27 +114,27 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
     include_usage = req.common.include_usage
 
     async def events():
-        deltas = ChoiceDeltas()
+        started: set[int] = set()  # choices that have had a chunk
         offsets: dict[int, int] = {}
         prompt_tokens: dict[int, int] = {}
-        completion_tokens: dict[int, int] = {}
+        completion_tokens = 0
         merged = merge(streams)
         try:
             async for i, ro in merged:
                 prompt_text, prompt_ids = prompts[i]
                 prompt_tokens[i] = len(ro.prompt_token_ids) or len(prompt_ids)
+                # DELTA: the choices with something new (the first output lists them all), only the new.
                 for o in ro.outputs:
                     index = i * n + o.index
-                    completion_tokens[index] = len(o.token_ids)
-                    d = deltas.update(index, o)
-                    if d is None:
-                        continue
-                    text, ids, positions = d.text, d.token_ids, d.logprobs
-                    if d.first and req.echo:
-                        text = prompt_text + text
-                        pl = ro.prompt_logprobs or [None] * len(prompt_ids)
-                        ids = list(prompt_ids) + ids
-                        positions = list(pl) + list(positions or [{}] * len(d.token_ids))
+                    completion_tokens += len(o.token_ids)
+                    text, ids, positions = o.text, o.token_ids, o.logprobs
+                    if index not in started:
+                        started.add(index)
+                        if req.echo:  # the first output of a request carries its prompt logprobs
+                            text = prompt_text + text
+                            pl = ro.prompt_logprobs or [None] * len(prompt_ids)
+                            ids = list(prompt_ids) + ids
+                            positions = list(pl) + list(positions or [{}] * len(o.token_ids))
                     lp = None
                     if req.logprobs is not None:
                         lp = completion_logprobs(tok, ids, positions, top_n, offsets.get(index, 0))
@@ -144,14 +145,14 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                         "created": created,
                         "model": model,
                         "choices": [
-                            {"index": index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}
+                            {"index": index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason}
                         ],
                     }
                     if include_usage:
                         chunk["usage"] = None
                     yield sse(chunk)
             if include_usage:
-                usage = _usage(sum(prompt_tokens.values()), sum(completion_tokens.values()))
+                usage = _usage(sum(prompt_tokens.values()), completion_tokens)
                 yield sse(
                     {
                         "id": rid,

@@ -37,9 +37,7 @@ class ServerState:
         if tok is None:
             from jaxllm.server.errors import APIError
 
-            raise APIError(
-                f"this model has no tokenizer: '{param}' must be given as token ids", param=param
-            )
+            raise APIError(f"this model has no tokenizer: '{param}' must be given as token ids", param=param)
         return tok
 
     @property

@@ -94,7 +94,14 @@ def test_engine_startup_from_log(tmp_path):
     lines = [engine_line, *startup_lines(info, "http://0.0.0.0:8000")]
     log.write_text("".join(f"INFO 2026-12-02 11:00:00,000 jaxllm: {ln}\n" for ln in lines))
     got = engine_startup_from_log(str(log))
-    shown_elsewhere = {"model", "dtype", "kv_cache_dtype", "attention_backend", "block_size", "max_concurrency"}
+    shown_elsewhere = {
+        "model",
+        "dtype",
+        "kv_cache_dtype",
+        "attention_backend",
+        "block_size",
+        "max_concurrency",
+    }
     expected = {k: v for k, v in info.items() if k not in shown_elsewhere}  # the engine's other lines
     assert got == {**expected, "max_model_len": 1024, "max_num_batched_tokens": 8192}
     log.write_text("Traceback (most recent call last):\n")

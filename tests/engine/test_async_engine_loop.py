@@ -14,6 +14,7 @@ import pytest
 
 from jaxllm.engine.async_engine import AsyncLLMEngine
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.stats import EngineStats
 
 
 class StepRecordingEngine:
@@ -43,6 +44,9 @@ class StepRecordingEngine:
 
     def has_unfinished_requests(self):
         return bool(self.left)
+
+    def get_stats(self):
+        return EngineStats(num_requests_running=len(self.left), num_steps=self.steps)
 
     def step(self):
         k = self.steps

@@ -44,7 +44,7 @@ def test_engine_start_freezes_its_heap(tiny_llama_dir, jax_cache_dir):
 
 def test_a_dropped_engine_is_freed_before_the_next_one_allocates(tiny_llama_dir, jax_cache_dir, monkeypatch):
     """Its start-up froze the first engine (cycles included): the second engine's start-up must collect it
-    before sizing and allocating its own KV cache, or the device runs out of memory (seen on the H200)."""
+    before sizing and allocating its own KV cache, or the device runs out of memory."""
     from jaxllm.runner.model_runner import ModelRunner
 
     kw = dict(dtype="float32", max_model_len=64, compilation_cache_dir=jax_cache_dir)

@@ -2,10 +2,13 @@
 
 Tokens come from a tiny word-level tokenizer built in-process (ChatML template, nothing downloaded).
 Each step draws logits from a hash of the recent context, so greedy output is a pure function of the
-prompt; sampling with a seed is reproducible. It honours max_tokens, n, stop strings (holding back text
-that could start a stop string, as a real detokenizer must), stop_token_ids, seed, logprobs,
-prompt_logprobs, min_tokens, ignore_eos and max_model_len; yields cumulative RequestOutputs with a small
-delay per step; abort ends a request's stream; shutdown drains running requests.
+prompt; sampling with a seed is reproducible. The mock plays the model and the scheduler (max_tokens, n,
+stop_token_ids, eos, min_tokens, ignore_eos, max_model_len, as jaxllm.core.scheduler decides them) and
+hands every token to the real engine's `OutputProcessor`, so what it yields for each output kind
+(CUMULATIVE, DELTA, FINAL_ONLY), stop strings and their hold-back, logprobs and prompt logprobs are what
+the engine yields for the same tokens. Outputs come with a small delay per step; abort ends a request's
+stream; shutdown drains running requests; `get_stats()` returns an immutable snapshot, republished after
+each step, as the real engine's is.
 """
 
 from __future__ import annotations
@@ -13,14 +16,19 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import AsyncIterator
 
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from jaxllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from jaxllm.engine.detokenizer import IncrementalDetokenizer
+from jaxllm.engine.output_processor import ChildState, OutputProcessor, ParentState
+from jaxllm.outputs import RequestMetrics, RequestOutput
+from jaxllm.request import Request, RequestStatus
+from jaxllm.runner_output import TokenLogprobs
 from jaxllm.sampling_params import SamplingParams
-from jaxllm.stats import EngineStats
+from jaxllm.stats import EngineStats, IterationTokens
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -48,19 +56,6 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-class _Sample:
-    def __init__(self, index: int, rng: np.random.Generator):
-        self.index = index
-        self.rng = rng
-        self.token_ids: list[int] = []
-        self.text_ids: list[int] = []  # token_ids without the stop/eos token that ended it
-        self.logprobs: list[dict[int, Logprob]] = []
-        self.cumulative_logprob = 0.0
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-        self.final_text: str | None = None
-
-
 class MockAsyncEngine:
     def __init__(self, max_model_len: int = 256, step_delay_s: float = 0.002, model_name: str = "mock-model"):
         self.tokenizer = make_tokenizer()
@@ -84,8 +79,12 @@ class MockAsyncEngine:
         self.abort_calls: list[str] = []
         self._aborted: set[str] = set()
         self._active: set[str] = set()
-        self._stats = EngineStats(num_gpu_blocks=64, block_size=16)
-        self.iteration_tokens: list[int] = []  # tokens per step (the server's metrics take them)
+        self._outputs = OutputProcessor(self.tokenizer)
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._steps = 0
+        self._iterations = IterationTokens()
+        self._stats = self._snapshot()
 
     # --- lifecycle ---------------------------------------------------------------------------------
     @classmethod
@@ -106,10 +105,21 @@ class MockAsyncEngine:
             self._aborted.add(request_id)
 
     def get_stats(self) -> EngineStats:
-        s = self._stats
-        s.num_requests_running = len(self._active)
-        s.kv_cache_usage = min(1.0, len(self._active) / 64)
-        return s
+        return self._stats
+
+    def _snapshot(self) -> EngineStats:
+        buckets, total = self._iterations.snapshot()
+        return EngineStats(
+            num_requests_running=len(self._active),
+            kv_cache_usage=min(1.0, len(self._active) / 64),
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_gpu_blocks=64,
+            block_size=16,
+            num_steps=self._steps,
+            iteration_tokens_buckets=buckets,
+            iteration_tokens_sum=total,
+        )
 
     # --- the model ---------------------------------------------------------------------------------
     def _logits(self, context: list[int]) -> np.ndarray:  # f32[V]
@@ -124,24 +134,62 @@ class MockAsyncEngine:
         m = np.max(x)
         return x - m - np.log(np.sum(np.exp(x - m)))
 
-    def _position(self, logprobs: np.ndarray, chosen: int, top_n: int) -> dict[int, Logprob]:
-        order = np.argsort(-logprobs, kind="stable")
-        ranks = np.empty_like(order)
-        ranks[order] = np.arange(1, len(order) + 1)
-        ids = [chosen] + [int(t) for t in order[:top_n] if int(t) != chosen]
-        return {t: Logprob(float(logprobs[t]), int(ranks[t]), self.tokenizer.decode([t])) for t in ids}
+    @staticmethod
+    def _token_logprobs(rows: list[tuple[np.ndarray, int]], top_n: int) -> TokenLogprobs:
+        """The runner's shape: per position the chosen token, then the top-N, with 1-based ranks."""
+        ids, lps, ranks = [], [], []
+        for logprobs, chosen in rows:
+            order = np.argsort(-logprobs, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(1, len(order) + 1)
+            row = [chosen] + [int(t) for t in order[:top_n]]
+            ids.append(row)
+            lps.append(logprobs[row])
+            ranks.append(rank[row])
+        return TokenLogprobs(
+            np.asarray(ids, np.int32), np.asarray(lps, np.float32), np.asarray(ranks, np.int32)
+        )
 
-    def _choose(self, s: _Sample, params: SamplingParams, logits: np.ndarray) -> int:
+    @staticmethod
+    def _choose(rng: np.random.Generator, params: SamplingParams, logits: np.ndarray) -> int:
         if params.greedy:
             return int(np.argmax(logits))
         z = logits / params.temperature
         if params.top_k and params.top_k > 0:
             z[np.argsort(-z)[params.top_k :]] = -np.inf
-        p = np.exp(self._log_softmax(z))
-        return int(s.rng.choice(self.vocab_size, p=p / p.sum()))
+        p = np.exp(MockAsyncEngine._log_softmax(z))
+        return int(rng.choice(len(logits), p=p / p.sum()))
 
     # --- generation --------------------------------------------------------------------------------
-    async def generate(self, prompt, sampling_params: SamplingParams, request_id: str, *, priority: int = 0):
+    def _prepare(self, request_id: str, prompt, ids: list[int], p: SamplingParams) -> ParentState:
+        """As LLMEngine.prepare_request: one Request (and detokenizer) per sample."""
+        max_tokens = self.max_model_len - len(ids)
+        if p.max_tokens is not None:
+            max_tokens = min(p.max_tokens, max_tokens)
+        children = []
+        for i in range(p.n):
+            req = Request(
+                request_id=request_id if p.n == 1 else f"{request_id}#{i}",
+                prompt_token_ids=list(ids),
+                sampling_params=p,
+                eos_token_id=self.eos_id,
+                max_tokens=max_tokens,
+                status=RequestStatus.RUNNING,
+            )
+            detok = (
+                IncrementalDetokenizer(
+                    self.tokenizer, ids, p.skip_special_tokens, p.spaces_between_special_tokens
+                )
+                if p.detokenize
+                else None
+            )
+            children.append(ChildState(req, i, detok))
+        prompt_text = prompt if isinstance(prompt, str) else None
+        return ParentState(request_id, prompt_text, list(ids), children, RequestMetrics(time.monotonic()))
+
+    async def generate(
+        self, prompt, sampling_params: SamplingParams, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[RequestOutput]:
         if not self.started:
             raise RuntimeError("engine is not running")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -154,106 +202,72 @@ class MockAsyncEngine:
         if request_id in self._active:
             raise ValueError(f"request_id={request_id!r} is already running")
         p = sampling_params
-        metrics = RequestMetrics(arrival_time=time.time())
-        stops = p.stop_list
-        hold = max((len(s) for s in stops), default=1) - 1
-        samples = [
-            _Sample(i, np.random.default_rng([p.seed, i]) if p.seed is not None else np.random.default_rng())
+        parent = self._prepare(request_id, prompt, ids, p)
+        rngs = [
+            np.random.default_rng([p.seed, i]) if p.seed is not None else np.random.default_rng()
             for i in range(p.n)
         ]
-        prompt_logprobs = None
+        self._outputs.add(parent)
         if p.prompt_logprobs is not None:
-            prompt_logprobs = [None] + [
-                self._position(self._log_softmax(self._logits(ids[:k])), ids[k], p.prompt_logprobs)
-                for k in range(1, len(ids))
-            ]
+            rows = [(self._log_softmax(self._logits(ids[:k])), ids[k]) for k in range(1, len(ids))]
+            if rows:
+                self._outputs.on_prompt_logprobs(
+                    parent.children[0].request.request_id, self._token_logprobs(rows, p.prompt_logprobs)
+                )
         self._active.add(request_id)
-        self._stats.prompt_tokens += len(ids)
+        self._prompt_tokens += len(ids)
+        self._stats = self._snapshot()
         try:
             await asyncio.sleep(self.first_step_delay_s)
-            metrics.first_scheduled_time = time.time()
+            parent.metrics.first_scheduled_time = time.monotonic()
+            first = True
             while True:
                 await asyncio.sleep(self.step_delay_s)
                 if request_id in self._aborted:
                     return
-                running = [s for s in samples if s.finish_reason is None]
-                for s in running:
-                    self._step(s, p, ids)
-                self.iteration_tokens.append(
-                    len(running) + (len(ids) if metrics.first_token_time is None else 0)
-                )
-                now = time.time()
-                metrics.first_token_time = metrics.first_token_time or now
-                metrics.last_token_time = now
-                done = all(s.finish_reason is not None for s in samples)
-                if done:
-                    metrics.finished_time = now
-                outputs = [self._output(s, p, hold) for s in samples]
-                yield RequestOutput(
-                    request_id=request_id,
-                    prompt=prompt if isinstance(prompt, str) else None,
-                    prompt_token_ids=list(ids),
-                    outputs=outputs,
-                    finished=done,
-                    prompt_logprobs=prompt_logprobs,
-                    metrics=metrics,
-                )
-                if done:
+                running = [(c, rng) for c, rng in zip(parent.children, rngs) if not c.request.is_finished]
+                for c, rng in running:
+                    self._step(c.request, rng, ids)
+                self._steps += 1
+                self._iterations.observe(len(running) + (len(ids) if first else 0))
+                first = False
+                self._stats = self._snapshot()
+                out = self._outputs.make_output(parent)
+                if parent.finished:
+                    self._outputs.remove(request_id)
+                if out is not None:
+                    yield out
+                if parent.finished:
                     return
         finally:
+            self._outputs.remove(request_id)
             self._active.discard(request_id)
             self._aborted.discard(request_id)
+            self._stats = self._snapshot()
 
-    def _step(self, s: _Sample, p: SamplingParams, prompt_ids: list[int]) -> None:
-        context = prompt_ids + s.token_ids
-        logits = self._logits(context)
+    def _step(self, req: Request, rng: np.random.Generator, prompt_ids: list[int]) -> None:
+        """One token for one sample: the model, then the scheduler's stop checks, then the engine's
+        output processing (stop strings end the request as LLMEngine._process does)."""
+        p = req.sampling_params
+        logits = self._logits(prompt_ids + req.output_token_ids)
         raw = self._log_softmax(logits)
         stoppers = set(p.stop_token_ids or [])
         if not p.ignore_eos:
             stoppers.add(self.eos_id)
-        if len(s.token_ids) < p.min_tokens:
+        if len(req.output_token_ids) < p.min_tokens:
             logits[list(stoppers | {self.eos_id})] = -np.inf
         elif p.ignore_eos:
             logits[self.eos_id] = -np.inf
-        tid = self._choose(s, p, logits)
-        s.token_ids.append(tid)
-        s.cumulative_logprob += float(raw[tid])
-        if p.logprobs is not None:
-            s.logprobs.append(self._position(raw, tid, p.logprobs))
-        self._stats.generation_tokens += 1
+        tid = self._choose(rng, p, logits)
+        req.output_token_ids.append(tid)
+        self._generation_tokens += 1
         if tid in stoppers:
-            s.finish_reason, s.stop_reason = "stop", (None if tid == self.eos_id else tid)
-        else:
-            s.text_ids.append(tid)
-            text = self._decode(s.text_ids, p)
-            for stop in p.stop_list:
-                at = text.find(stop)
-                if at >= 0:
-                    s.finish_reason, s.stop_reason = "stop", stop
-                    s.final_text = text[: at + len(stop)] if p.include_stop_str_in_output else text[:at]
-                    return
-        if s.finish_reason is None and (
-            (p.max_tokens is not None and len(s.token_ids) >= p.max_tokens)
-            or len(prompt_ids) + len(s.token_ids) >= self.max_model_len
-        ):
-            s.finish_reason = "length"
-
-    def _decode(self, ids: list[int], p: SamplingParams) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
-
-    def _output(self, s: _Sample, p: SamplingParams, hold: int) -> CompletionOutput:
-        if s.final_text is not None:
-            text = s.final_text
-        else:
-            text = self._decode(s.text_ids, p)
-            if s.finish_reason is None and hold:
-                text = text[: max(0, len(text) - hold)]
-        return CompletionOutput(
-            index=s.index,
-            text=text,
-            token_ids=list(s.token_ids),
-            cumulative_logprob=s.cumulative_logprob,
-            logprobs=[dict(x) for x in s.logprobs] if p.logprobs is not None else None,
-            finish_reason=s.finish_reason,
-            stop_reason=s.stop_reason,
-        )
+            req.status = RequestStatus.FINISHED_STOPPED
+            req.stop_reason = None if tid == self.eos_id else tid
+        elif len(req.output_token_ids) >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            req.status = RequestStatus.FINISHED_LENGTH
+        lp = self._token_logprobs([(raw, tid)], p.logprobs) if p.logprobs is not None else None
+        stop = self._outputs.on_tokens(req, [tid], lp)
+        if stop is not None and not req.is_finished:
+            req.status = RequestStatus.FINISHED_STOPPED
+            req.stop_reason = stop

@@ -26,7 +26,13 @@ def client():
 def test_token_id_prompt_is_served(client):
     r = client.post(
         "/v1/completions",
-        json={"model": "tiny-llama", "prompt": [5, 6, 7, 8], "max_tokens": 5, "temperature": 0, "ignore_eos": True},
+        json={
+            "model": "tiny-llama",
+            "prompt": [5, 6, 7, 8],
+            "max_tokens": 5,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
     )
     assert r.status_code == 200, r.text
     body = r.json()

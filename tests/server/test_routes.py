@@ -3,7 +3,9 @@ non-streamed output (so the same tests hold for the real engine)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import MappingProxyType
 
 import pytest
 
@@ -228,12 +230,13 @@ def test_metrics(client, engine):
 
 
 def test_metrics_report_background_compiles(client, engine):
-    engine._stats.num_compiling_in_background = 3
+    # As the engine thread does: publish a new snapshot (EngineStats is frozen).
+    engine._stats = dataclasses.replace(engine._stats, num_compiling_in_background=3)
     try:
         text = client.get("/metrics").text
         assert f'jaxllm:num_compiling_in_background{{model_name="{engine.model_name}"}} 3.0' in text
     finally:
-        engine._stats.num_compiling_in_background = 0
+        engine._stats = dataclasses.replace(engine._stats, num_compiling_in_background=0)
     assert (
         f'jaxllm:num_compiling_in_background{{model_name="{engine.model_name}"}} 0.0'
         in client.get("/metrics").text
@@ -241,8 +244,13 @@ def test_metrics_report_background_compiles(client, engine):
 
 
 def test_metrics_report_engine_steps_and_device_wait(client, engine):
-    engine._stats.num_steps, engine._stats.step_device_wait_s = 42, 0.25
-    engine._stats.step_host_s = {"schedule": 0.5, "dispatch": 1.25}
+    saved = engine._stats
+    engine._stats = dataclasses.replace(
+        saved,
+        num_steps=42,
+        step_device_wait_s=0.25,
+        step_host_s=MappingProxyType({"schedule": 0.5, "dispatch": 1.25}),
+    )
     try:
         text = client.get("/metrics").text
         assert f'jaxllm:engine_steps_total{{model_name="{engine.model_name}"}} 42.0' in text
@@ -252,8 +260,7 @@ def test_metrics_report_engine_steps_and_device_wait(client, engine):
         assert host + '"dispatch"} 1.25' in text
         assert host + '"process"} 0.0' in text  # not reported yet: zero, not absent
     finally:
-        engine._stats.num_steps, engine._stats.step_device_wait_s = 0, 0.0
-        engine._stats.step_host_s = {}
+        engine._stats = saved
 
 
 def test_stats_logger_throughput(client, engine):
