@@ -22,6 +22,7 @@ import time
 from types import SimpleNamespace
 
 from jaxllm.outputs import CompletionOutput, RequestMetrics, RequestOutput  # noqa: E402
+from jaxllm.sampling_params import RequestOutputKind  # noqa: E402
 from jaxllm.stats import EngineStats  # noqa: E402
 
 TOKEN = 7
@@ -47,7 +48,7 @@ class DeviceTimeEngine:
     def prepare_request(self, request_id, prompt, params, priority=0):
         ids = list(prompt) if not isinstance(prompt, str) else [1]
         return SimpleNamespace(
-            request_id=request_id, prompt_ids=ids, params=params, out=[], arrival=time.time()
+            request_id=request_id, prompt_ids=ids, params=params, out=[], arrival=time.monotonic()
         )
 
     def enqueue(self, parent) -> None:
@@ -73,19 +74,25 @@ class DeviceTimeEngine:
             time.sleep(done - now)
         _busy(self.host_s / 2)
         outs = []
+        now = time.monotonic()
         for rid, r in list(self.running.items()):
             r.out.append(TOKEN)
+            r.first = getattr(r, "first", None) or now
             done = len(r.out) >= r.params.max_tokens
             if done:
                 del self.running[rid]
-            completion = CompletionOutput(
-                0, " x" * len(r.out), list(r.out), finish_reason="length" if done else None
-            )
-            now = time.time()
-            metrics = RequestMetrics(r.arrival, first_token_time=now, last_token_time=now)
+            # What LLMEngine hands out for each output kind: the new token (DELTA, the server's streams),
+            # one output at the end (FINAL_ONLY), or everything so far (CUMULATIVE).
+            kind = r.params.output_kind
+            if kind is RequestOutputKind.FINAL_ONLY and not done:
+                continue
+            ids = [TOKEN] if kind is RequestOutputKind.DELTA else list(r.out)
+            reason = "length" if done else None
+            completion = CompletionOutput(0, " x" * len(ids), ids, finish_reason=reason)
+            metrics = RequestMetrics(r.arrival, first_token_time=r.first, last_token_time=now)
             outs.append(RequestOutput(rid, None, r.prompt_ids, [completion], done, metrics=metrics))
-        self.generated += len(outs)
-        self.last_step_tokens = len(outs)
+        self.last_step_tokens = len(self.running) + sum(o.finished for o in outs)  # one per request
+        self.generated += self.last_step_tokens
         return outs
 
 
