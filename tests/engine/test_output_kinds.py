@@ -20,7 +20,7 @@ from jaxllm.outputs import RequestMetrics
 from jaxllm.request import Request, RequestStatus
 from jaxllm.runner_output import TokenLogprobs
 from jaxllm.sampling_params import RequestOutputKind, SamplingParams
-from tests.utils.tiny_models import build_tokenizer
+from jaxllm.testing.tiny_models import build_tokenizer
 
 KINDS = list(RequestOutputKind)
 PROMPT = [5, 6, 7, 8]

@@ -50,7 +50,7 @@ def real(tmp_path_factory):
     max_new_tokens."""
     from jaxllm.engine.async_engine import AsyncLLMEngine
     from jaxllm.engine_args import EngineArgs
-    from tests.utils.tiny_models import save_tiny_llama
+    from jaxllm.testing.tiny_models import save_tiny_llama
 
     folder = save_tiny_llama(str(tmp_path_factory.mktemp("tiny_llama_generation_config")))
     with open(os.path.join(folder, "generation_config.json")) as f:
