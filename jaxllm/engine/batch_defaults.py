@@ -7,7 +7,7 @@ vLLM picks `max_num_seqs` / `max_num_batched_tokens` from the device and from wh
     accelerator with >= 70 GiB, not A100     1024 / 16384          1024 / 8192
     any other accelerator                    256 / 8192            256 / 2048
 
-A vLLM user who runs `LLM(...)` on an H200 without these flags gets large batches; so do they here. On the
+A vLLM user who runs `LLM(...)` on a large GPU without these flags gets large batches; so do they here. On the
 host (CPU) every compiled bucket costs seconds and memory is the CPU's, so the limits stay small there.
 """
 

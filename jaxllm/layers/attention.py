@@ -24,9 +24,8 @@ from jaxllm.layers.tensor_parallel import TP_AXIS, current_tp_mesh
 
 def resolve_backend(backend: str) -> str:
     """ "auto": on a Hopper GPU (sm_90) "pallas-hopper", whose persistent Mosaic GPU decode kernel reads
-    the KV cache at 3.7-4.1 TB/s where the Triton kernel reaches 3.2-3.4 (one H200, batch >= 256;
-    benchmarks/decode_mgpu.py); on other GPUs the Triton-lowered "pallas"; the plain-jnp reference
-    elsewhere."""
+    the KV cache faster than the Triton kernel at large batches (benchmarks/decode_mgpu.py,
+    docs/performance.md); on other GPUs the Triton-lowered "pallas"; the plain-jnp reference elsewhere."""
     if backend != "auto":
         return backend
     if jax.default_backend() != "gpu":
@@ -86,7 +85,7 @@ def paged_attention_qkv(
 ) -> tuple[jax.Array, KVCache]:  # ([T, Hq, D], cache)
     """paged_attention of a fused q|k|v projection. The GPU kernels read q, k and v in place (the KV write
     at head offsets, the attention through a grouped view of the array), so nothing cuts them out first:
-    two XLA kernels fewer per layer than q, k and v made apart (H200, batch 1). Under tensor parallelism
+    two XLA kernels fewer per layer than q, k and v made apart. Under tensor parallelism
     the head axis splits shard by shard, which is the fused layout: each device gets its own
     [q_r | k_r | v_r]."""
     kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)

@@ -10,7 +10,7 @@ All arrays of a step are views into ONE int32 buffer (`StepInputs.packed`, laid 
 so a step costs a single host-to-device copy; the jitted step slices it apart with static offsets.
 Each array starts at a multiple of FIELD_ALIGN elements (256 bytes): XLA hands a kernel a static slice of
 the step's buffer without copying it, and Mosaic GPU kernels refuse operands that are not 256-byte aligned
-("Input buffer 1 is not 256-byte aligned", the block tables, measured on the H200).
+(they fail with "Input buffer N is not 256-byte aligned").
 """
 
 from __future__ import annotations

@@ -17,11 +17,10 @@ then the top-N. Column 0 is the sampled token, columns 1..N the top-N, matching
 
 Dimension letters: S rows, V vocab, H token history, K suppressed ids, N top logprobs, P positions.
 
-Measured on one H200 (S = 256, V = 128,256, f32, jax 0.11.2): argmax 0.05 ms; seeded keys + draw 0.18 ms;
-penalties over a 2,048-token history 0.28 ms; the V-wide sort 2.2 ms, and `lax.top_k(k > 1)` lowers to
-the same sort, so top-N logprobs cost 2.2 ms too. Whole sampler: greedy 0.11 ms, temperature only
-0.31 ms, top-k + top-p 2.8 ms, penalties + top-p + 20 logprobs 5.2 ms. The sorts are the part to
-improve (a two-stage top-N over 1,024-wide chunks measured 1.6 ms).
+Cost: greedy and temperature-only sampling are a few elementwise passes over [S, V]; top-k / top-p and
+top-N logprobs need a V-wide sort (`lax.top_k(k > 1)` lowers to the same sort), an order of magnitude
+more, which is why `SamplerFlags` compiles programs without it for batches that do not ask
+(docs/performance.md has the figures).
 """
 
 from __future__ import annotations
