@@ -200,3 +200,14 @@ def test_server_from_the_users_folder(users_folder, offline_result, tmp_path):
     # The same preset, seed and greedy sampling: the server's tokens are the offline LLM's, so their
     # log-probabilities agree (to float32 rounding of differently batched steps).
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(offline_result["logprobs"], abs=1e-4)
+
+
+def test_the_wheel_declares_its_license_as_an_spdx_expression(tmp_path):
+    """The license is the SPDX string (core metadata's License-Expression), not the TOML table that
+    setuptools stops building in February 2027."""
+    wheel = built_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        fields = [line for line in z.read(meta).decode().splitlines() if line.startswith("License")]
+    assert "License-Expression: Apache-2.0" in fields, fields
+    assert not any(f.startswith("License: ") for f in fields), fields
