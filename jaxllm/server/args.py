@@ -71,7 +71,13 @@ def _json_object(flag: str):
     return parse
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
+class _AddsArguments(typing.Protocol):
+    """An argparse parser or one of its argument groups (what add_argument_group returns)."""
+
+    def add_argument(self, *names: str, **kwargs: typing.Any) -> argparse.Action: ...
+
+
+def add_flags(parser: _AddsArguments, cls: type) -> None:
     """One flag per field of the dataclass `cls`: `--field-name` plus the field's aliases."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

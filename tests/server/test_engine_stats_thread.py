@@ -21,16 +21,13 @@ ENGINE_THREAD = "jaxllm-engine"
 
 @pytest.fixture(scope="module")
 def engine():
-    from jaxllm.config import EngineConfig, ModelSpec, SchedulerConfig
     from jaxllm.engine.async_engine import AsyncLLMEngine
+    from jaxllm.engine_args import EngineArgs
 
-    config = EngineConfig(
-        model=ModelSpec(model="tiny-llama", load_format="dummy", max_model_len=128),
-        scheduler=SchedulerConfig(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64),
+    args = EngineArgs(
+        model="tiny-llama", load_format="dummy", max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64
     )
-    return AsyncLLMEngine.from_config(
-        config, user_set=frozenset({"max_model_len", "max_num_seqs", "max_num_batched_tokens"})
-    )
+    return AsyncLLMEngine.from_engine_args(args)
 
 
 def _record_threads(obj, name: str, threads: list[str]) -> None:
