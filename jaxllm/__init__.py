@@ -9,7 +9,7 @@ from jaxllm.outputs import CompletionOutput, RequestOutput
 from jaxllm.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name: str):
@@ -18,4 +18,8 @@ def __getattr__(name: str):
         from jaxllm.entrypoints.llm import LLM
 
         return LLM
+    if name == "EngineArgs":  # every engine option, as vLLM's EngineArgs (no jax)
+        from jaxllm.engine_args import EngineArgs
+
+        return EngineArgs
     raise AttributeError(name)
