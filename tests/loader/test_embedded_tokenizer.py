@@ -1,0 +1,85 @@
+"""The embedded model's tokenizer that jaxllm ships (jaxllm/data/embedded_tokenizer.json.gz) against
+transformers' own load of the embedded GGUF file: the same ids, text, special tokens and chat prompts.
+Serving the embedded model then needs no torch (transformers' GGUF reader imports it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxllm.embedded import embedded_model_path, is_embedded_model
+from jaxllm.tokenizer import apply_chat_template, load_embedded_tokenizer, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+TEXTS = [
+    "The capital of France is Paris.",
+    "  leading spaces, trailing spaces  ",
+    "def f(x):\n\treturn x ** 2  # squares\n",
+    "naïve café — 東京 🚀 ∑(i=1..n) ½",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "MiXeD CaSe, numbers 1234567890 and 3.14159; URLs https://example.com/a?b=c",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import AutoTokenizer
+
+    path = embedded_model_path()
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_embedded_tokenizer()
+
+
+def test_ids_and_text_equal_transformers_load_of_the_gguf(reference, shipped):
+    for text in TEXTS:
+        ids = reference.encode(text)
+        assert shipped.encode(text) == ids, text
+        assert shipped.decode(ids) == reference.decode(ids), text
+        assert shipped.decode(ids, skip_special_tokens=True) == reference.decode(
+            ids, skip_special_tokens=True
+        )
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        assert getattr(shipped, name) == getattr(reference, name), name
+        assert getattr(shipped, name + "_id") == getattr(reference, name + "_id"), name
+    assert len(shipped) == len(reference)
+
+
+def test_chat_prompts_equal(reference, shipped):
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Japan?"},
+    ]
+    assert shipped.chat_template == reference.chat_template
+    assert apply_chat_template(shipped, messages) == apply_chat_template(reference, messages)
+
+
+def test_load_tokenizer_takes_the_shipped_copy_for_the_embedded_file(tmp_path):
+    assert is_embedded_model(embedded_model_path())
+    other = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    other.write_bytes(b"GGUF")
+    assert not is_embedded_model(str(other))  # the same name elsewhere is another file
+    tok = load_tokenizer(embedded_model_path())
+    assert tok.encode(TEXTS[0]) == load_embedded_tokenizer().encode(TEXTS[0])
+
+
+def test_the_embedded_tokenizer_loads_without_torch():
+    code = (
+        "import sys; from jaxllm.embedded import embedded_model_path; from jaxllm.tokenizer import "
+        "load_tokenizer; t = load_tokenizer(embedded_model_path()); assert t.encode('Paris'); "
+        "print('torch' in sys.modules)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert res.stdout.strip().splitlines()[-1] == "False", res.stderr[-2000:]
