@@ -6,6 +6,7 @@ files keep theirs in `tokenizer.chat_template`). `apply_chat_template(tok, messa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any
@@ -67,6 +68,11 @@ def load_tokenizer(path: str, chat_template: str | None = None):
             from transformers import AutoTokenizer
 
             if path.endswith(".gguf"):
+                if importlib.util.find_spec("torch") is None:
+                    raise ValueError(
+                        "transformers reads a GGUF file's tokenizer through torch, which is not installed: "
+                        "install torch, or pass --tokenizer with the model's tokenizer folder"
+                    )
                 tok = AutoTokenizer.from_pretrained(
                     os.path.dirname(path) or ".", gguf_file=os.path.basename(path)
                 )

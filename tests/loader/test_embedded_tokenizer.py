@@ -83,3 +83,16 @@ def test_the_embedded_tokenizer_loads_without_torch():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert res.stdout.strip().splitlines()[-1] == "False", res.stderr[-2000:]
+
+
+def test_another_gguf_without_torch_names_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    copy = tmp_path / "model.gguf"
+    copy.write_bytes(Path(embedded_model_path()).read_bytes()[: 1 << 20])  # not the embedded file
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ValueError, match=r"model\.gguf.*install torch, or pass --tokenizer"):
+        load_tokenizer(str(copy))
