@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.token_ids import slice_tokens
 
 
 class RequestStatus(enum.IntEnum):
@@ -74,12 +75,7 @@ class Request:
         return self.prompt_token_ids + self.output_token_ids
 
     def token_ids_slice(self, start: int, stop: int) -> list[int]:
-        p = len(self.prompt_token_ids)
-        if stop <= p:
-            return self.prompt_token_ids[start:stop]
-        if start >= p:
-            return self.output_token_ids[start - p : stop - p]
-        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - p]
+        return slice_tokens(self.prompt_token_ids, self.output_token_ids, start, stop)
 
     @property
     def is_finished(self) -> bool:

@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxllm.runner.sampling_metadata import SamplingRow
 from jaxllm.scheduler_output import NewRequestData, SchedulerOutput
+from jaxllm.token_ids import slice_tokens
 
 
 @dataclass(slots=True, eq=False)
@@ -73,12 +74,7 @@ class RequestState:
         return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
 
     def token_ids_slice(self, start: int, stop: int) -> list[int]:
-        p = len(self.prompt_token_ids)
-        if stop <= p:
-            return self.prompt_token_ids[start:stop]
-        if start >= p:
-            return self.output_token_ids[start - p : stop - p]
-        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - p]
+        return slice_tokens(self.prompt_token_ids, self.output_token_ids, start, stop)
 
 
 class RequestStates:
