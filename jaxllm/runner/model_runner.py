@@ -155,10 +155,6 @@ class ModelRunner:
         """Bytes a step needs beyond the weights and the KV cache, at the largest bucket."""
         return self.compiler.largest_step_temp_bytes(self.params, self.geometry)
 
-    def _empty_sampling_metadata(self, s: int, flags: SamplerFlags):
-        """Sampler inputs of a bucket of `s` rows with none filled (what a variant compiles for)."""
-        return self.compiler.empty_sampling_metadata(s, flags)
-
     def determine_num_blocks(self, util: float, override: int | None, max_num_seqs: int) -> tuple[int, str]:
         if override is not None:
             return override, "num_gpu_blocks_override"

@@ -67,7 +67,7 @@ def test_step_memory_covers_the_widest_sampler(tiny_llama_dir, jax_cache_dir):
     need = runner.largest_step_temp_bytes()
     s = runner.plan.seqs_for(runner.plan.token_buckets[-1])
     widest = SamplerFlags(False, True, True, MAX_LOGPROBS)
-    smd = runner._empty_sampling_metadata(s, widest)
+    smd = runner.compiler.empty_sampling_metadata(s, widest)
     # Its arguments alone: the [S, V] logits and the [S, history] penalty history, at least.
     floor = s * runner.vocab_size * 4 + sum(x.nbytes for x in jax.tree.leaves(smd))
     assert need >= floor
