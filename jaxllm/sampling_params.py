@@ -100,6 +100,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these may be drawn
     bad_words: list[str] | None = None  # words that may not be generated (the engine tokenizes them)
     stop_list: list[str] = field(init=False, default_factory=list, repr=False)
+    # bad_words as token ids, set by the engine, which has the tokenizer (LLMEngine.prepare_request).
+    bad_words_token_ids: list[list[int]] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -232,10 +234,6 @@ class SamplingParams:
         )
 
     def clone(self, **changes) -> SamplingParams:
-        kw = {
-            f: getattr(self, f)
-            for f in self.__dataclass_fields__
-            if f != "stop_list" and self.__dataclass_fields__[f].init
-        }
+        kw = {f: getattr(self, f) for f in self.__dataclass_fields__ if self.__dataclass_fields__[f].init}
         kw.update(changes)
         return SamplingParams(**kw)

@@ -107,13 +107,40 @@ class AsyncLLMEngine:
             raise RuntimeError(f"the engine loop failed: {self.errored!r}")
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        parent = self.engine.prepare_request(request_id, prompt, sampling_params, priority=priority)
+        parent = self.engine.prepare_request(
+            request_id, prompt, sampling_params, priority=priority, compile_grammar=False
+        )
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
+        params = parent.children[0].request.sampling_params
+        if (
+            params.structured_outputs is not None
+            and self.engine.grammars.cached(params.structured_outputs) is None
+        ):
+            # A new grammar compiles on an executor thread (llguidance drops the GIL): neither the event loop
+            # nor the engine's steps wait for it. An invalid one fails the stream before its first output.
+            return self._stream_after_compile(parent, q)
+        self._hand_over(parent)
+        return self._stream(request_id, q)
+
+    def _hand_over(self, parent) -> None:
         with self._lock:
             self._pending.append(parent)
         self._work.set()
-        return self._stream(request_id, q)
+
+    async def _stream_after_compile(self, parent, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        request_id = parent.request_id
+        params = parent.children[0].request.sampling_params
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.compile_grammar, params)
+        except BaseException:
+            self._queues.pop(request_id, None)
+            raise
+        if self._queues.get(request_id) is not q:  # aborted while compiling
+            return
+        self._hand_over(parent)
+        async for out in self._stream(request_id, q):
+            yield out
 
     async def _stream(self, request_id: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False

@@ -33,6 +33,7 @@ from jaxllm.parallel import TensorParallelPlan, agree_on_min, initialize_distrib
 from jaxllm.runner import executable_cache
 from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.model_runner import ModelRunner
+from jaxllm.structured_output.grammar import GrammarCompiler
 
 logger = logging.getLogger("jaxllm")
 
@@ -175,7 +176,20 @@ def _build_runner(
         bucket_growth=config.runner.bucket_growth,
         kv_sharding=tp.kv_sharding,
         executable_cache=executables,
+        grammar_compiler=grammar_compiler(loaded),
     )
+
+
+def grammar_compiler(loaded: LoadedModel) -> GrammarCompiler | None:
+    """Structured outputs' grammar compiler for this model's tokenizer (None without a tokenizer), shared
+    by the engine (which compiles a request's grammar before it is scheduled) and the runner."""
+    if loaded.tokenizer is None:
+        return None
+    eos = list(loaded.arch.eos_token_ids or [])
+    tok_eos = getattr(loaded.tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        eos = [tok_eos] + [e for e in eos if e != tok_eos]
+    return GrammarCompiler(loaded.tokenizer, loaded.arch.vocab_size, eos)
 
 
 def device_description(platform: Platform) -> str:

@@ -73,6 +73,9 @@ class LLMEngine:
         tok_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_id = tok_eos if tok_eos is not None else (eos[0] if eos else None)
         self.extra_eos_ids = [e for e in eos if e != self.eos_token_id]
+        # Structured outputs' grammars, compiled before a request is scheduled; the runner takes them from
+        # the same cache (None: the model has no tokenizer).
+        self.grammars = runner.grammar_compiler
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, usage: str = "offline") -> LLMEngine:
@@ -96,8 +99,12 @@ class LLMEngine:
         *,
         priority: int = 0,
         arrival_time: float | None = None,
+        compile_grammar: bool = True,
     ) -> ParentState:
-        """Tokenize and validate; raises ValueError naming the field. Mutates no engine state."""
+        """Tokenize and validate; raises ValueError naming the field. Mutates no engine state.
+
+        A structured-outputs grammar is compiled here (then cached) unless `compile_grammar` is False: the
+        async engine compiles it on an executor thread instead (`compile_grammar`), off the event loop."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
@@ -122,6 +129,9 @@ class LLMEngine:
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if self.extra_eos_ids and not params.ignore_eos:
             params = params.clone(stop_token_ids=list(params.stop_token_ids) + self.extra_eos_ids)
+        params = self._check_token_rules(params)
+        if compile_grammar:
+            self.compile_grammar(params)
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         arrival = time.monotonic() if arrival_time is None else arrival_time
@@ -148,6 +158,37 @@ class LLMEngine:
             )
             children.append(ChildState(req, i, detok))
         return ParentState(request_id, text, list(ids), children, RequestMetrics(arrival_time=arrival))
+
+    def _check_token_rules(self, params: SamplingParams) -> SamplingParams:
+        """Token ids within the vocabulary; bad_words as token ids (vLLM's: the word at the start of the
+        output and after a space)."""
+        vocab = self.loaded.arch.vocab_size
+        for name, ids in (
+            ("logit_bias", list(params.logit_bias or ())),
+            ("allowed_token_ids", params.allowed_token_ids or []),
+        ):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise ValueError(f"{name}={bad[:5]} holds token ids outside the vocabulary [0, {vocab})")
+        if (params.structured_outputs is not None or params.bad_words) and self.tokenizer is None:
+            field = "structured_outputs" if params.structured_outputs is not None else "bad_words"
+            raise ValueError(f"{field}=... needs the model's tokenizer, and this model has none")
+        if params.bad_words:
+            words: list[list[int]] = []
+            for word in params.bad_words:
+                for text in (word.lstrip(), " " + word.lstrip()):
+                    ids = self.tokenizer.encode(text, add_special_tokens=False)
+                    if ids and ids not in words:
+                        words.append(ids)
+            params = params.clone()
+            params.bad_words_token_ids = words
+        return params
+
+    def compile_grammar(self, params: SamplingParams) -> None:
+        """Compile (or find cached) the request's structured-outputs grammar; ValueError naming
+        structured_outputs if it is not valid. Thread-safe, and llguidance drops the GIL meanwhile."""
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)
 
     def enqueue(self, parent: ParentState) -> None:
         if parent.request_id in self.output_processor.parents:

@@ -38,6 +38,7 @@ from jaxllm.runner.sampler import SamplerFlags, sample
 from jaxllm.runner.sampling_metadata import MAX_LOGPROBS, build_sampling_metadata
 from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
 from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
+from jaxllm.structured_output.token_constraint import TokenConstraint
 
 __all__ = ["MAX_LOGPROBS", "InFlightStep", "ModelRunner", "StepTiming"]
 
@@ -87,6 +88,7 @@ class ModelRunner:
         bucket_growth: int = 2,
         kv_sharding=None,
         executable_cache: ExecutableCache | None = None,
+        grammar_compiler=None,
     ):
         self.module = module
         self.params = params
@@ -108,7 +110,9 @@ class ModelRunner:
         self.kv_caches: list | None = None
         self.swap: kvc.HostSwapSpace | None = None
         self.timing = StepTiming()
-        self.requests = RequestStates()  # the runner's own state of every request it runs
+        # Compiles (or finds cached) the grammars of structured-output requests (jaxllm/structured_output).
+        self.grammar_compiler = grammar_compiler
+        self.requests = RequestStates(self._make_constraint)  # the runner's own state of every request
         # Sampled ids are also returned padded to one width, the next step's `prev_ids` (one shape).
         self.ids_width = max(s for _, s, _ in self.plan.all_shapes())
         self._zero_ids = None
@@ -124,6 +128,16 @@ class ModelRunner:
             ids_width=self.ids_width,
             executables=self.executables,
         )
+
+    def _make_constraint(self, params) -> TokenConstraint | None:
+        if not params.constrains_tokens:
+            return None
+        grammar = None
+        if params.structured_outputs is not None:
+            if self.grammar_compiler is None:
+                raise ValueError("structured_outputs needs the model's tokenizer")
+            grammar = self.grammar_compiler.compile(params.structured_outputs)  # normally cached
+        return TokenConstraint.create(params, self.vocab_size, grammar, params.bad_words_token_ids)
 
     # ---- the jitted pieces ---------------------------------------------------------------------------
     def _model_step_impl(
@@ -251,16 +265,25 @@ class ModelRunner:
 
         # The forward pass is in flight: build the sampler's inputs meanwhile. A row's token k counts the
         # row's earlier tokens still in flight (async scheduling: the previous step's).
-        rows, pending, rows_of = [], [], {}
+        rows, pending, rows_of, constrained = [], [], {}, []
         for i, (sr, st) in enumerate(zip(scheduled, states)):
             if sr.samples:
                 rows.append(st.sampling)
                 pending.append(st.num_in_flight)
+                if st.num_in_flight and st.sampling.constraint is not None:
+                    constrained.append(i)
                 st.num_in_flight += 1
                 rows_of[sr.req_id] = i
             else:
                 rows.append(None)
                 pending.append(0)
+        # Rows with token rules need the token the previous step is still sampling (their grammar consumes
+        # it before the mask is filled): read those back. The device has finished that sampler by the time
+        # it runs this step's forward pass, which it is doing meanwhile.
+        in_flight_ids = None
+        if constrained:
+            prev_ids = np.asarray(jax.device_get(prev.ids))
+            in_flight_ids = {i: [int(prev_ids[prev.rows[scheduled[i].req_id]])] for i in constrained}
         flags = SamplerFlags.for_rows(rows, MAX_LOGPROBS, self.vocab_size)
         if flags.do_penalties and any(pending):
             raise ValueError(
@@ -273,6 +296,7 @@ class ModelRunner:
             history_width=self.history_width,
             flags=flags,
             pending=pending,
+            in_flight_ids=in_flight_ids,
         )
         sampled, ids = self._sample_step(logits, smd, flags)
         return InFlightStep(sched, out, states, sampled, ids, rows_of)

@@ -38,9 +38,14 @@ class RequestState:
     num_in_flight: int = 0  # sampled by a dispatched step, not collected yet
 
     @classmethod
-    def from_new(cls, new: NewRequestData) -> RequestState:
+    def from_new(cls, new: NewRequestData, make_constraint=None) -> RequestState:
+        """`make_constraint(params) -> TokenConstraint | None` builds the request's token rules (its grammar
+        matcher starts fresh and catches up with tokens generated before a preemption at its first step)."""
         prompt, output = new.prompt_token_ids, list(new.output_token_ids)
-        row = SamplingRow(new.sampling_params, new.sampling_seed, prompt, output, new.eos_token_id)
+        constraint = make_constraint(new.sampling_params) if make_constraint is not None else None
+        row = SamplingRow(
+            new.sampling_params, new.sampling_seed, prompt, output, new.eos_token_id, constraint
+        )
         blocks = list(new.block_ids)
         array = np.zeros(max(16, 1 << max(0, len(blocks) - 1).bit_length()), np.int32)
         array[: len(blocks)] = blocks
@@ -55,6 +60,10 @@ class RequestState:
             grown[:old] = self.block_array[:old]
             self.block_array = grown
         self.block_array[old:new] = block_ids
+
+    @property
+    def constraint(self):
+        return self.sampling.constraint
 
     @property
     def params(self):
@@ -80,8 +89,9 @@ class RequestState:
 class RequestStates:
     """Every request the runner holds, by id."""
 
-    def __init__(self) -> None:
+    def __init__(self, make_constraint=None) -> None:
         self.by_id: dict[str, RequestState] = {}
+        self.make_constraint = make_constraint  # params -> TokenConstraint | None (ModelRunner's)
         # How many held requests ask for prompt logprobs: a step checks its rows for them only when some do.
         self.num_with_prompt_logprobs = 0
 
@@ -104,7 +114,7 @@ class RequestStates:
             self._drop(rid)
         for new in sched.new_requests:
             self._drop(new.req_id)
-            state = by_id[new.req_id] = RequestState.from_new(new)
+            state = by_id[new.req_id] = RequestState.from_new(new, self.make_constraint)
             if state.params.prompt_logprobs is not None:
                 self.num_with_prompt_logprobs += 1
         states = []

@@ -1,6 +1,8 @@
 """Device side of sampling: logits f32[S, V] + `SamplingMetadata` -> token ids (and logprobs), jittable.
 
 Order of the logits processing (vLLM v1's):
+  0. token rules (flags.do_token_mask): logit_bias added, then tokens outside the row's bitmask (grammar,
+     allowed_token_ids) get -inf;
   1. penalties (flags.do_penalties): repetition over prompt + generated ids, then frequency and presence
      over generated ids only (OpenAI semantics);
   2. min_tokens suppression: listed ids get -inf;
@@ -15,7 +17,8 @@ before any processing (vLLM's default "raw_logprobs"): the sampled token's logpr
 then the top-N. Column 0 is the sampled token, columns 1..N the top-N, matching
 `runner_output.TokenLogprobs`.
 
-Dimension letters: S rows, V vocab, H token history, K suppressed ids, N top logprobs, P positions.
+Dimension letters: S rows, V vocab, H token history, K suppressed ids, N top logprobs, P positions,
+W bitmask words (ceil(V / 32)), L logit-bias entries.
 
 Cost: greedy and temperature-only sampling are a few elementwise passes over [S, V]; top-k / top-p and
 top-N logprobs need a V-wide sort (`lax.top_k(k > 1)` lowers to the same sort), an order of magnitude
@@ -89,6 +92,21 @@ def apply_suppression(
     return logits.at[rows, ids].set(_NEG_INF, mode="drop")
 
 
+def apply_token_mask(
+    logits: jax.Array,  # f32[S, V]
+    bitmask: jax.Array,  # i32[S, W] bit t of row r set: token t allowed; W = ceil(V / 32)
+    bias_ids: jax.Array,  # i32[S, L] -1 padded
+    bias_values: jax.Array,  # f32[S, L]
+) -> jax.Array:  # f32[S, V]
+    S, V = logits.shape
+    rows, ids = _scatter_ids(bias_ids, V)
+    logits = logits.at[rows, ids].add(bias_values, mode="drop")
+    shifts = jnp.arange(32, dtype=jnp.int32)
+    bits = (bitmask[:, :, None] >> shifts[None, None, :]) & 1  # i32[S, W, 32], little-endian bit order
+    allowed = bits.reshape(S, -1)[:, :V].astype(bool)
+    return jnp.where(allowed, logits, _NEG_INF)
+
+
 def apply_min_p(
     logits: jax.Array,  # f32[S, V]
     min_p: jax.Array,  # f32[S]
@@ -154,6 +172,8 @@ def sample(
 ) -> SamplerOutput:
     raw = logits.astype(jnp.float32)
     x = raw
+    if flags.do_token_mask:
+        x = apply_token_mask(x, md.token_bitmask, md.bias_ids, md.bias_values)
     if flags.do_penalties:
         x = apply_penalties(
             x,

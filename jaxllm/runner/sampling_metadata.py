@@ -19,7 +19,12 @@ Token history (built only when some row uses a penalty; otherwise H = 0, nothing
 the next power of two of the longest history (at least 64), so a server compiles O(log max_model_len)
 penalty programs per row bucket; pass `history_width=max_model_len` for a single, wider one.
 min_tokens suppression lists at most K ids per row, K the next power of two of the longest list, at
-least 8 (one shape unless a request lists more than 8 stop_token_ids).
+least 8 (one shape unless a request lists more than 8 stop_token_ids); bad words the next token would
+complete join that list.
+
+Token rules (flags.do_token_mask, when a row has a grammar, allowed_token_ids or logit_bias): a bitmask
+i32[S, W] (W = ceil(V / 32); every bit set on free rows) and a sparse logit bias (ids, values)[S, L],
+built by jaxllm/structured_output/token_constraint.py. Without the flag both have width 0.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ import jax
 import numpy as np
 
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.structured_output.token_constraint import (
+    TokenConstraint,
+    bias_arrays,
+    fill_token_bitmask,
+)
 
 # Logprobs are computed for this many top tokens whenever any request in the step asks (one static width).
 MAX_LOGPROBS = 20
@@ -52,6 +62,7 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     eos_token_id: int | Sequence[int] | None = None
+    constraint: TokenConstraint | None = None  # grammar, allowed_token_ids, bad words (None: free)
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**64:
@@ -77,6 +88,7 @@ class SamplerFlags:
     do_penalties: bool = False  # some row has a presence/frequency/repetition penalty
     do_top_k_top_p: bool = False  # some random row has top_k or top_p: the V-wide sort
     num_logprobs: int = -1  # -1: no logprobs; N >= 0: the sampled token's + the top-N
+    do_token_mask: bool = False  # some row has a token bitmask (grammar, allowed ids) or a logit bias
 
     def __post_init__(self) -> None:
         if not -1 <= self.num_logprobs <= MAX_LOGPROBS:
@@ -88,7 +100,7 @@ class SamplerFlags:
     def needed_at_start(self) -> bool:
         """Compiled before the engine is ready: greedy and random sampling, with or without top-k /
         top-p (what benchmarks and most clients send). Penalties and logprobs compile after ready."""
-        return not self.do_penalties and self.num_logprobs < 0
+        return not self.do_penalties and self.num_logprobs < 0 and not self.do_token_mask
 
     @classmethod
     def for_rows(
@@ -114,16 +126,22 @@ class SamplerFlags:
             do_penalties=any(r.params.uses_penalties for r in real),
             do_top_k_top_p=any(0 < p.top_k < big or p.top_p < 1.0 for p in random_rows),
             num_logprobs=num_logprobs,
+            do_token_mask=any(
+                r.params.logit_bias or (r.constraint is not None and r.constraint.needs_mask) for r in real
+            ),
         )
 
     @classmethod
     def all_variants(cls, max_logprobs: int) -> list[SamplerFlags]:
         out = []
-        for all_greedy in (True, False):
-            for do_penalties in (False, True):
-                for do_top_k_top_p in (False, True) if not all_greedy else (False,):
-                    for num_logprobs in (-1, max_logprobs):
-                        out.append(cls(all_greedy, do_penalties, do_top_k_top_p, num_logprobs))
+        for do_token_mask in (False, True):
+            for all_greedy in (True, False):
+                for do_penalties in (False, True):
+                    for do_top_k_top_p in (False, True) if not all_greedy else (False,):
+                        for num_logprobs in (-1, max_logprobs):
+                            out.append(
+                                cls(all_greedy, do_penalties, do_top_k_top_p, num_logprobs, do_token_mask)
+                            )
         return out
 
 
@@ -143,6 +161,9 @@ class SamplingMetadata:
     suppress_ids: np.ndarray  # i32[S, K] ids that may not be drawn yet (min_tokens), -1 padded
     history_ids: np.ndarray  # i32[S, H] prompt + output ids, -1 padded (H = 0: no penalties)
     history_is_output: np.ndarray  # bool[S, H] True for generated ids
+    token_bitmask: np.ndarray  # i32[S, W] bit t of row r: token t allowed (W = 0: no token mask)
+    bias_ids: np.ndarray  # i32[S, L] logit_bias token ids, -1 padded (L = 0: no bias)
+    bias_values: np.ndarray  # f32[S, L]
 
     @property
     def num_rows(self) -> int:
@@ -154,14 +175,16 @@ def seed_key_data(seed: int) -> tuple[int, int]:
     return (seed >> 32) & _U32, seed & _U32
 
 
-def _suppressed(row: SamplingRow, num_output: int) -> list[int]:
+def _suppressed(row: SamplingRow, num_output: int, in_flight: Sequence[int]) -> list[int]:
     p = row.params
-    if num_output >= p.min_tokens:
-        return []
-    ids = list(p.stop_token_ids or [])
-    if not p.ignore_eos:
-        ids += row.eos_token_ids
-    return sorted(set(ids))
+    ids = []
+    if num_output < p.min_tokens:
+        ids += p.stop_token_ids or []
+        if not p.ignore_eos:
+            ids += row.eos_token_ids
+    if row.constraint is not None and (row.constraint.bad_single or row.constraint.bad_multi):
+        ids += row.constraint.banned_ids(row.output_token_ids, in_flight)
+    return sorted(set(ids)) if ids else ids
 
 
 def build_sampling_metadata(
@@ -172,6 +195,7 @@ def build_sampling_metadata(
     history_width: int | None = None,
     flags: SamplerFlags | None = None,
     pending: Sequence[int] | None = None,
+    in_flight_ids: dict[int, list[int]] | None = None,
 ) -> SamplingMetadata:
     """Pads `rows` (None: a row that samples nothing this step) to `num_rows_padded` rows.
 
@@ -179,7 +203,10 @@ def build_sampling_metadata(
     the penalty programs ahead on an empty batch); H is `history_width` if given, else the next power
     of two of the longest history, at least 64. `pending[i]` (async scheduling) counts row i's earlier
     tokens still being sampled on the device: the token drawn now is output number
-    len(output_token_ids) + pending[i] (its random key and min_tokens count from there)."""
+    len(output_token_ids) + pending[i] (its random key and min_tokens count from there).
+    `in_flight_ids[i]`: the values of row i's pending tokens, which a row with token rules needs (its
+    grammar consumes them before its mask is filled; a bad word may end with them); the runner reads them
+    back from the previous step for those rows only."""
     n = len(rows)
     if num_rows_padded < n:
         raise ValueError(f"num_rows_padded={num_rows_padded} must be >= the number of rows ({n})")
@@ -220,7 +247,11 @@ def build_sampling_metadata(
         key_data[:n, 0] = seeds >> np.uint64(32)
         key_data[:n, 1] = seeds & np.uint64(_U32)
 
-    suppress = [[] if row is None else _suppressed(row, num_out[i]) for i, row in enumerate(rows)]
+    in_flight_ids = in_flight_ids or {}
+    suppress = [
+        [] if row is None else _suppressed(row, num_out[i], in_flight_ids.get(i, ()))
+        for i, row in enumerate(rows)
+    ]
     width = _next_pow2(max((len(s) for s in suppress), default=0), _MIN_SUPPRESS_WIDTH)
     suppress_ids = np.full((S, width), -1, np.int32)
     for i, ids in enumerate(suppress):
@@ -245,6 +276,18 @@ def build_sampling_metadata(
         history_ids[i, np_ : np_ + no] = row.output_token_ids
         history_is_output[i, np_ : np_ + no] = True
 
+    do_mask = flags.do_token_mask if flags is not None else SamplerFlags.for_rows(rows).do_token_mask
+    if do_mask:
+        constraints = [None if row is None else row.constraint for row in rows]
+        for i, c in enumerate(constraints):
+            if c is not None and c.matcher is not None:
+                c.advance(rows[i].output_token_ids, in_flight_ids.get(i, ()))
+        token_bitmask = fill_token_bitmask(constraints, S, vocab_size)
+        bias_ids, bias_values = bias_arrays([None if p is None else p.logit_bias for p in params], S)
+    else:
+        token_bitmask = np.zeros((S, 0), np.int32)
+        bias_ids, bias_values = np.zeros((S, 0), np.int32), np.zeros((S, 0), np.float32)
+
     return SamplingMetadata(
         temperature=temperature,
         top_p=top_p,
@@ -259,4 +302,7 @@ def build_sampling_metadata(
         suppress_ids=suppress_ids,
         history_ids=history_ids,
         history_is_output=history_is_output,
+        token_bitmask=token_bitmask,
+        bias_ids=bias_ids,
+        bias_values=bias_values,
     )
