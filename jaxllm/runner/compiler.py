@@ -8,7 +8,7 @@
 Every bucket of the model step and the sampler variants every workload uses (greedy and random sampling,
 with or without top-k / top-p) are compiled before the engine is ready, all of them at once on a thread
 pool: XLA compiles (and loads from the persistent compilation cache) outside the GIL. The other sampler
-variants (penalties, logprobs: 3 in 4 of them) are traced before ready too, and compile after it on
+variants (penalties, logprobs, token masks: 11 in 15 of them) are traced before ready too, and compile after it on
 background threads (tracing holds the GIL, which the steps need; XLA's compilation does not); a step
 that needs one first waits for its compile instead of compiling it again. Executables also go through
 the executable cache (executable_cache.py), so a warm start loads them without tracing. Prompt logprobs

@@ -81,8 +81,8 @@ class SamplingRow:
 class SamplerFlags:
     """Static switches of the compiled sampler (hashable: a jit static argument).
 
-    Canonical: a greedy-only batch never sets `do_top_k_top_p`, so `all_variants` lists every program a
-    server can need (12 for one logprobs width)."""
+    Canonical: a greedy-only batch never sets `do_top_k_top_p`, so `all_variants` lists the programs a
+    server compiles ahead."""
 
     all_greedy: bool = True  # no row draws at random: no keys, temperature or filters
     do_penalties: bool = False  # some row has a presence/frequency/repetition penalty
@@ -133,15 +133,17 @@ class SamplerFlags:
 
     @classmethod
     def all_variants(cls, max_logprobs: int) -> list[SamplerFlags]:
+        """Every program compiled ahead: all combinations without a token mask, and the token-mask ones
+        without penalties or logprobs (structured outputs as clients send them: 15 in all). A batch that
+        combines token rules with penalties or logprobs compiles its program through jit at first use."""
         out = []
-        for do_token_mask in (False, True):
-            for all_greedy in (True, False):
-                for do_penalties in (False, True):
-                    for do_top_k_top_p in (False, True) if not all_greedy else (False,):
-                        for num_logprobs in (-1, max_logprobs):
-                            out.append(
-                                cls(all_greedy, do_penalties, do_top_k_top_p, num_logprobs, do_token_mask)
-                            )
+        for all_greedy in (True, False):
+            for do_penalties in (False, True):
+                for do_top_k_top_p in (False, True) if not all_greedy else (False,):
+                    for num_logprobs in (-1, max_logprobs):
+                        out.append(cls(all_greedy, do_penalties, do_top_k_top_p, num_logprobs))
+                    if not do_penalties:
+                        out.append(cls(all_greedy, False, do_top_k_top_p, -1, do_token_mask=True))
         return out
 
 

@@ -71,11 +71,14 @@ def grammar_text(params: StructuredOutputsParams) -> str:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
         except ValueError as e:
             raise ValueError(f"structured_outputs.json is not a usable JSON schema: {e}") from None
-    if kind == "regex":
-        return llguidance.grammar_from("regex", params.regex)
-    if kind == "choice":
-        return llguidance.grammar_from("choice", json.dumps(params.choice))
-    return llguidance.grammar_from("grammar", params.grammar)  # GBNF or Lark, told apart by llguidance
+    # "grammar": GBNF or Lark, told apart by llguidance
+    fmt, text = {"regex": ("regex", params.regex), "choice": ("choice", json.dumps(params.choice))}.get(
+        kind, ("grammar", params.grammar)
+    )
+    try:
+        return llguidance.grammar_from(fmt, text)
+    except ValueError as e:
+        raise ValueError(f"structured_outputs={kind}: not a valid {kind}: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)

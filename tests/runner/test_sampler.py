@@ -272,7 +272,7 @@ def test_rows_that_do_not_sample_are_padding():
 
 def test_flags_variants_and_ahead_of_time_metadata():
     variants = SamplerFlags.all_variants(max_logprobs=20)
-    assert len(set(variants)) == len(variants) == 12
+    assert len(set(variants)) == len(variants) == 15
     rows = [SamplingRow(SP(temperature=0.5, top_p=0.9, frequency_penalty=0.1, logprobs=1), 3, [1], [])]
     assert SamplerFlags.for_rows(rows, 20) in variants
     assert SamplerFlags.for_rows(rows) == SamplerFlags(False, True, True, 1)
