@@ -1,6 +1,7 @@
 """AsyncLLMEngine: a thread of its own drives `LLMEngine.step()` back to back; each request streams its outputs.
 
-    generate() -- validate (raises ValueError at once) --> pending adds --> [engine thread] enqueue between steps
+    generate() -- validate (raises ValueError at once) [-- a new structured-outputs grammar: compiled on an
+        executor thread, an invalid one fails the stream] --> pending adds --> [engine thread] enqueue between steps
     [engine thread] step() --> RequestOutputs --> call_soon_threadsafe --> per-request asyncio.Queue --> stream
     [engine thread] after each step: a fresh immutable EngineStats --> `get_stats()` on the event loop
 
@@ -112,14 +113,11 @@ class AsyncLLMEngine:
         )
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
-        params = parent.children[0].request.sampling_params
-        if (
-            params.structured_outputs is not None
-            and self.engine.grammars.cached(params.structured_outputs) is None
-        ):
+        so = sampling_params.structured_outputs
+        if so is not None and self.engine.grammars.cached(so) is None:
             # A new grammar compiles on an executor thread (llguidance drops the GIL): neither the event loop
             # nor the engine's steps wait for it. An invalid one fails the stream before its first output.
-            return self._stream_after_compile(parent, q)
+            return self._stream_after_compile(parent, sampling_params, q)
         self._hand_over(parent)
         return self._stream(request_id, q)
 
@@ -128,9 +126,10 @@ class AsyncLLMEngine:
             self._pending.append(parent)
         self._work.set()
 
-    async def _stream_after_compile(self, parent, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+    async def _stream_after_compile(
+        self, parent, params: SamplingParams, q: asyncio.Queue
+    ) -> AsyncIterator[RequestOutput]:
         request_id = parent.request_id
-        params = parent.children[0].request.sampling_params
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.compile_grammar, params)
         except BaseException:

@@ -15,6 +15,10 @@ host builds the sampler's inputs while the device runs the forward pass. With as
 engine dispatches step N+1 before collecting N; N+1's decode rows whose input N is still sampling take
 it from N's sampled ids on the device (`prev_src`).
 
+Rows with token rules (structured outputs, allowed_token_ids, logit_bias, bad words) get their bitmask
+filled while the forward pass runs too; under async scheduling their grammar first consumes the token the
+previous step drew for them, read back from the device (that sampler has finished by then).
+
 Which executable runs each bucket and sampler variant, and compiling them ahead, is compiler.py's.
 """
 

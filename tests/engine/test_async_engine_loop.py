@@ -32,7 +32,7 @@ class StepRecordingEngine:
         self.entered = [threading.Event() for _ in range(64)]
         self.steps = 0
 
-    def prepare_request(self, request_id, prompt, params, priority=0):
+    def prepare_request(self, request_id, prompt, params, priority=0, compile_grammar=True):
         return SimpleNamespace(request_id=request_id)
 
     def enqueue(self, parent):
