@@ -133,6 +133,15 @@ class ChatCompletionBody(SamplingBody):
         "documents": ("documents for the chat template are not served", ()),
         "chat_template": ("the chat template is the server's (--chat-template)", ()),
     }
+    no_effect: ClassVar = (
+        *SamplingBody.no_effect,
+        "store",
+        "metadata",
+        "service_tier",
+        "modalities",
+        "prompt_cache_key",
+        "safety_identifier",
+    )
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0)

@@ -55,10 +55,12 @@ class FieldError(ValueError):
 
 class RequestModel(BaseModel):
     """Base of every request object. `unserved` maps a field jaxllm refuses to why (and the values that
-    mean "off", which pass): such fields are not declared, so they stay out of /openapi.json."""
+    mean "off", which pass): such fields are not declared, so they stay out of /openapi.json. `no_effect`
+    names declared fields that are accepted and change nothing in the output (docs/openai_api.md)."""
 
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     unserved: ClassVar[dict[str, tuple[str, tuple]]] = {}
+    no_effect: ClassVar[tuple[str, ...]] = ()
 
 
 # ---- ValidationError -> APIError -------------------------------------------------------------------------
@@ -295,6 +297,7 @@ class SamplingBody(RequestModel):
         "logits_processors": ("custom logits processors are not served", ()),
         "return_tokens_as_token_ids": ("tokens are returned as text", (False,)),
     }
+    no_effect: ClassVar = ("user",)
     # OpenAI
     model: str | None = None
     stream: bool | None = None
