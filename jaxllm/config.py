@@ -150,3 +150,4 @@ class EngineConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     usage: str = "offline"
+    max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for

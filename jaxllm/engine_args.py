@@ -122,6 +122,13 @@ class EngineArgs:
         "JSON object over the generation config, e.g. '{\"temperature\": 0.5}'; keys: "
         + ", ".join(GENERATION_CONFIG_FIELDS),
     )
+    max_logprobs: int = arg_field(
+        20,
+        "the most logprobs a request may ask for per token (logprobs, top_logprobs, prompt_logprobs); at "
+        "most 20, the width the sampler computes",
+        ge=0,
+        le=20,
+    )
     # ---- the KV cache ----------------------------------------------------------------------------------
     block_size: int = arg_field(16, "tokens per KV cache block", choices=BLOCK_SIZES)
     gpu_memory_utilization: float = arg_field(
@@ -307,6 +314,7 @@ class EngineArgs:
             ),
             generation=generation or GenerationDefaults(),
             usage=usage,
+            max_logprobs=self.max_logprobs,
         )
 
     def non_default(self) -> dict[str, Any]:

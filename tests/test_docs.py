@@ -44,3 +44,30 @@ def test_readme_is_a_first_page():
     assert len(text.splitlines()) <= 150
     dated = re.findall(r"20\d\d-\d\d-\d\d", text)
     assert not dated, f"README.md carries dated entries {dated[:3]}: they belong in docs/performance.md"
+
+
+def _field_tables(route: str) -> dict[str, set[str]]:
+    """The fields docs/openai_api.md lists for a route, per table: {"Served": {...}, "Refused": {...}}."""
+    text = (ROOT / "docs" / "openai_api.md").read_text(encoding="utf-8")
+    section = text.split(f"## POST {route}\n", 1)[1].split("\n## ", 1)[0]
+    tables = {}
+    for part in section.split("\n### ")[1:]:
+        title, _, body = part.partition("\n")
+        names = set()
+        for line in body.splitlines():
+            if line.startswith("| `"):
+                names.update(re.findall(r"`([a-z_]+)`", line.split("|")[1]))
+        tables[title.strip()] = names
+    return tables
+
+
+def test_openai_api_md_lists_what_the_request_models_serve_and_refuse():
+    from jaxllm.server.protocol import body_models
+
+    for route in ("/v1/chat/completions", "/v1/completions"):
+        model = body_models()[route]
+        declared = {f.alias or name for name, f in model.model_fields.items()}
+        tables = _field_tables(route)
+        assert tables["Served"] == declared - set(model.no_effect), route
+        assert tables["Accepted, no effect"] == set(model.no_effect), route
+        assert tables["Refused"] == set(model.unserved), route

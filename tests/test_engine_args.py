@@ -66,6 +66,8 @@ def test_given_values_are_kept_on_every_platform():
         assert c.scheduler.max_model_len == 4096  # given: no CPU cap
         assert not c.runner.compile_ahead and not c.runner.executable_cache
         assert c.runner.attention_backend == "reference"
+    assert resolve(CPU, "offline", max_logprobs=5).max_logprobs == 5
+    assert resolve(CPU, "offline").max_logprobs == 20  # vLLM's default
 
 
 def test_enforce_eager_and_unsupported_executable_cache():
@@ -133,6 +135,7 @@ def test_combinations_that_need_the_model_are_rejected_at_resolution():
         ),
         ({"override_generation_config": {"top_p": 2.0}}, r"--override-generation-config.*top_p=2.0"),
         ({"generation_config": "/no/such/folder"}, r"--generation-config"),
+        ({"max_logprobs": 21}, r"max_logprobs=21 \(--max-logprobs\) must be <= 20"),
     ],
 )
 def test_bad_values_name_the_field_and_flag(kw, message):

@@ -127,6 +127,10 @@ class LLMEngine:
             )
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.config.max_logprobs:
+                raise ValueError(f"{name}={asked} must be <= max_logprobs={self.config.max_logprobs}")
         if self.extra_eos_ids and not params.ignore_eos:
             params = params.clone(stop_token_ids=list(params.stop_token_ids) + self.extra_eos_ids)
         params = self._check_token_rules(params)

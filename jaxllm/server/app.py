@@ -3,7 +3,8 @@
     build_app(engine, ...) -> Starlette
       lifespan: engine.start(), a periodic stats log line; on exit engine.shutdown() (drains requests)
       POST /v1/chat/completions, /v1/completions -> serving_chat / serving_completion
-      GET /v1/models, /health, /version, /metrics;  POST /tokenize, /detokenize
+      GET /v1/models, /health, /version, /metrics, /openapi.json (from the request models);
+      POST /tokenize, /detokenize
 The generation routes fill the fields a request leaves out from the model's sampling defaults
 (--generation-config; protocol.with_sampling_defaults) before parsing it; a value the client sends wins.
 Every handler runs inside `_guard`: an APIError (or a client ValueError) answers that request alone; an
@@ -30,6 +31,7 @@ from jaxllm.server.body import read_json_object
 from jaxllm.server.errors import APIError, error_body, error_response
 from jaxllm.server.generation import check_model
 from jaxllm.server.metrics import ServerMetrics, StatsLogger
+from jaxllm.server.openapi import openapi_document
 from jaxllm.server.protocol import parse_detokenize, parse_tokenize, with_sampling_defaults
 from jaxllm.server.serving_chat import create_chat_completion, render_chat
 from jaxllm.server.serving_completion import create_completion
@@ -125,6 +127,10 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"prompt": tok.decode(tokens)})
 
 
+async def openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document(jaxllm.__version__))
+
+
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
 
@@ -140,9 +146,11 @@ def build_app(
     stats_interval_s: float = 10.0,
     log_stats: bool = True,
     manage_engine: bool = True,
+    max_logprobs: int = 20,
 ) -> Starlette:
     """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
-    line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off)."""
+    line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off);
+    `max_logprobs`: the engine's --max-logprobs, which requests are checked against."""
     names = list(served_model_names or [engine.model_name])
     state = ServerState(
         engine=engine,
@@ -154,6 +162,7 @@ def build_app(
         max_request_body_bytes=max_request_body_bytes,
         disconnect_poll_s=disconnect_poll_s,
         stats_interval_s=stats_interval_s,
+        max_logprobs=max_logprobs,
     )
 
     @contextlib.asynccontextmanager
@@ -194,6 +203,7 @@ def build_app(
         Route("/metrics", _guard(metrics), methods=["GET"]),
         Route("/tokenize", _guard(tokenize), methods=["POST"]),
         Route("/detokenize", _guard(detokenize), methods=["POST"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     middleware = [Middleware(APIKeyMiddleware, state=state)]
     app = Starlette(

@@ -114,6 +114,7 @@ def serve(args: ServeArgs) -> None:
         chat_template=server.chat_template,
         max_request_body_bytes=server.max_request_body_bytes,
         log_stats=not server.disable_log_stats,
+        max_logprobs=args.engine.max_logprobs,
     )
     shown_host = server.host if server.host not in (None, "", "0.0.0.0") else "0.0.0.0"
     for line in startup_lines(dict(engine.startup_info), f"http://{shown_host}:{server.port}"):

@@ -67,11 +67,12 @@ def make_sampling_params(
         )
     max_tokens = common.max_tokens if common.max_tokens is not None else max_model_len - prompt_len
     if vocab_size is not None:
-        bad = [t for t in common.sampling.get("stop_token_ids") or [] if t >= vocab_size]
-        if bad:
-            raise APIError(
-                f"stop_token_ids={bad} must be < the vocabulary size {vocab_size}", param="stop_token_ids"
-            )
+        for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):
+            bad = sorted({t for t in common.sampling.get(name) or () if t >= vocab_size})
+            if bad:
+                raise APIError(
+                    f"{name}: token ids {bad[:5]} are not in the vocabulary (size {vocab_size})", param=name
+                )
     try:
         params = SamplingParams(
             **common.sampling,

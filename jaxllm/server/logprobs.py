@@ -2,6 +2,7 @@
 
 Chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
 Completions: {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}], "text_offset": [...]}
+Prompt logprobs (vLLM): [None, {token_id: {"logprob", "rank", "decoded_token"}}, ...], one per prompt token.
 Each call formats a slice of positions, so streaming sends only the positions new in a chunk.
 """
 
@@ -78,4 +79,31 @@ def completion_logprobs(
         if lp is not None:
             top.setdefault(tok, _finite(lp.logprob))
         out["top_logprobs"].append(top)
+    return out
+
+
+def prompt_logprobs_json(
+    tokenizer, prompt_ids: list[int], positions: list[PositionLogprobs | None] | None, top_n: int
+) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: one entry per prompt token, None for the first (nothing predicts it),
+    then {token id: {"logprob", "rank", "decoded_token"}} holding the prompt's own token and the top-N."""
+    out: list[dict | None] = []
+    for i, tid in enumerate(prompt_ids):
+        position = positions[i] if positions is not None and i < len(positions) else None
+        if position is None:
+            out.append(None)
+            continue
+        keep = [
+            (t, lp) for t, lp in position.items() if t == tid or (lp.rank is not None and lp.rank <= top_n)
+        ]
+        out.append(
+            {
+                str(t): {
+                    "logprob": _finite(lp.logprob),
+                    "rank": lp.rank,
+                    "decoded_token": token_text(tokenizer, t, lp),
+                }
+                for t, lp in keep
+            }
+        )
     return out

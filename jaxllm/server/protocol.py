@@ -1,65 +1,50 @@
-"""Request parsing: a JSON body (already decoded) -> a typed request, or an `APIError` naming the field.
+"""Request parsing: a JSON body (already decoded) -> what a handler works with, or an `APIError` naming
+the field.
 
-Unknown fields are ignored (SDKs send extras); known fields are type-checked here, ranges are checked by
-`SamplingParams` itself (its `ValueError` becomes a 400 in the handlers). Completions take `prompt` as a
-string, a list of strings, a list of token ids or a list of token-id lists; chat takes `messages`.
-Fields a client leaves out (absent or null) first take the model's sampling defaults
-(`with_sampling_defaults`, --generation-config), then the OpenAI defaults written below.
+    body --with_sampling_defaults--> body with the model's defaults for the fields the client left out
+         --parse_chat / parse_completion--> ChatRequest / CompletionRequest (CommonFields.sampling holds
+         SamplingParams keyword arguments, structured_outputs included)
+
+The body models and every check are in protocol_common.py (shared fields, errors), protocol_chat.py and
+protocol_completion.py; /openapi.json is generated from the same models (openapi.py). Fields a client
+leaves out (absent or null) first take the model's sampling defaults (--generation-config), then
+OpenAI's defaults (SamplingBody.sampling_kwargs).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field
+
 from jaxllm.server.errors import APIError
+from jaxllm.server.protocol_chat import CHAT_ROLES, ChatCompletionBody, ChatMessage
+from jaxllm.server.protocol_common import (
+    DEFAULT_MAX_LOGPROBS,
+    MAX_N,
+    NonNegInt,
+    RequestModel,
+    SamplingBody,
+    validate_body,
+)
+from jaxllm.server.protocol_completion import CompletionBody
 
-_MISSING = object()
-MAX_N = 128  # samples per prompt; more is almost certainly a mistake and would flood the engine
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def _bad(name: str, what: str) -> APIError:
-    return APIError(f"'{name}' must be {what}", status=400, param=name)
-
-
-def get_int(body: dict, name: str, default: Any = None) -> Any:
-    v = body.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(name, "an integer")
-    return v
-
-
-def get_float(body: dict, name: str, default: Any = None) -> Any:
-    v = body.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise _bad(name, "a number")
-    if not math.isfinite(v):
-        raise _bad(name, "a finite number")
-    return float(v)
-
-
-def get_bool(body: dict, name: str, default: Any = None) -> Any:
-    v = body.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        return default
-    if not isinstance(v, bool):
-        raise _bad(name, "a boolean")
-    return v
-
-
-def get_str(body: dict, name: str, default: Any = None) -> Any:
-    v = body.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        return default
-    if not isinstance(v, str):
-        raise _bad(name, "a string")
-    return v
+__all__ = [
+    "CHAT_ROLES",
+    "MAX_N",
+    "ChatRequest",
+    "CommonFields",
+    "CompletionRequest",
+    "DetokenizeBody",
+    "TokenizeBody",
+    "TokenizeRequest",
+    "parse_chat",
+    "parse_completion",
+    "parse_detokenize",
+    "parse_tokenize",
+    "with_sampling_defaults",
+]
 
 
 def with_sampling_defaults(body: dict, defaults: dict, *, chat: bool) -> dict:
@@ -78,10 +63,6 @@ def with_sampling_defaults(body: dict, defaults: dict, *, chat: bool) -> dict:
     return out
 
 
-def _is_token_ids(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-
-
 @dataclass(slots=True)
 class CommonFields:
     """Fields shared by chat and completions; `sampling` holds SamplingParams keyword arguments."""
@@ -92,49 +73,19 @@ class CommonFields:
     sampling: dict = field(default_factory=dict)
     max_tokens: int | None = None  # None: what the context leaves
     user: str | None = None
+    priority: int = 0
+    prompt_logprobs: int | None = None  # asked for explicitly (vLLM's extra); returned in the response
 
 
-def parse_common(body: dict) -> CommonFields:
-    stop = body.get("stop")
-    if stop is not None and not (
-        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
-    ):
-        raise _bad("stop", "a string or a list of strings")
-    stop_token_ids = body.get("stop_token_ids")
-    if stop_token_ids is not None and not _is_token_ids(stop_token_ids):
-        raise _bad("stop_token_ids", "a list of integers")
-    stream_options = body.get("stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise _bad("stream_options", "an object")
-    include_usage = get_bool(stream_options or {}, "include_usage", False)
-    sampling = {
-        "n": get_int(body, "n", 1),
-        "temperature": get_float(body, "temperature", 1.0),
-        "top_p": get_float(body, "top_p", 1.0),
-        "top_k": get_int(body, "top_k", -1),
-        "min_p": get_float(body, "min_p", 0.0),
-        "presence_penalty": get_float(body, "presence_penalty", 0.0),
-        "frequency_penalty": get_float(body, "frequency_penalty", 0.0),
-        "repetition_penalty": get_float(body, "repetition_penalty", 1.0),
-        "seed": get_int(body, "seed"),
-        "stop": stop,
-        "stop_token_ids": list(stop_token_ids or []),
-        "ignore_eos": get_bool(body, "ignore_eos", False),
-        "min_tokens": get_int(body, "min_tokens", 0),
-        "skip_special_tokens": get_bool(body, "skip_special_tokens", True),
-        "include_stop_str_in_output": get_bool(body, "include_stop_str_in_output", False),
-    }
-    if not 1 <= sampling["n"] <= MAX_N:
-        raise APIError(f"n={sampling['n']} must be in [1, {MAX_N}]", param="n")
-    best_of = get_int(body, "best_of")
-    if best_of is not None and best_of != sampling["n"]:
-        raise APIError("'best_of' different from 'n' is not supported", param="best_of")
+def _common(b: SamplingBody) -> CommonFields:
     return CommonFields(
-        model=get_str(body, "model"),
-        stream=get_bool(body, "stream", False),
-        include_usage=include_usage,
-        sampling=sampling,
-        user=get_str(body, "user"),
+        model=b.model,
+        stream=bool(b.stream),
+        include_usage=bool(b.stream_options and b.stream_options.include_usage),
+        sampling=b.sampling_kwargs(),
+        user=b.user,
+        priority=b.priority or 0,
+        prompt_logprobs=b.prompt_logprobs,
     )
 
 
@@ -146,98 +97,61 @@ class CompletionRequest:
     logprobs: int | None = None
 
 
-def parse_completion(body: dict) -> CompletionRequest:
-    common = parse_common(body)
-    common.max_tokens = get_int(body, "max_tokens", 16)
-    prompt = body.get("prompt", _MISSING)
-    if prompt is _MISSING or prompt is None:
-        raise APIError("'prompt' is required", param="prompt")
-    if isinstance(prompt, str):
-        prompts: list = [prompt]
-    elif _is_token_ids(prompt) and prompt:
-        prompts = [list(prompt)]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = list(prompt)
-    elif isinstance(prompt, list) and prompt and all(_is_token_ids(p) for p in prompt):
-        prompts = [list(p) for p in prompt]
-    else:
-        raise _bad(
-            "prompt", "a non-empty string, list of strings, list of token ids or list of token-id lists"
-        )
-    if body.get("suffix") is not None:
-        raise APIError("'suffix' is not supported", param="suffix")
-    return CompletionRequest(
-        common=common, prompts=prompts, echo=get_bool(body, "echo", False), logprobs=get_int(body, "logprobs")
-    )
+def parse_completion(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> CompletionRequest:
+    b = validate_body(CompletionBody, body, max_logprobs)
+    common = _common(b)
+    common.max_tokens = 16 if b.max_tokens is None else b.max_tokens
+    return CompletionRequest(common=common, prompts=b.prompts(), echo=bool(b.echo), logprobs=b.logprobs)
 
 
 @dataclass(slots=True)
 class ChatRequest:
     common: CommonFields
-    messages: list[dict]  # [{"role": str, "content": str}] with content parts flattened to text
+    messages: list[dict]  # plain dicts for the template: role, content (text), name, tool_calls, ...
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict = field(default_factory=dict)
+    tools: list[dict] | None = None  # [{"type": "function", "function": {name, description?, parameters?}}]
+    tool_choice: str | dict | None = None  # "none" | "auto" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool = True
 
 
-def _content_text(i: int, content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise APIError(
-                    f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}; other part types are not supported",
-                    param="messages",
-                )
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _bad(f"messages[{i}].content", "a string or a list of content parts")
-
-
-def parse_chat(body: dict) -> ChatRequest:
-    common = parse_common(body)
-    max_completion = get_int(body, "max_completion_tokens")
-    common.max_tokens = max_completion if max_completion is not None else get_int(body, "max_tokens")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "a non-empty list of messages")
-    parsed = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise _bad(f"messages[{i}]", "an object with 'role' and 'content'")
-        role = m.get("role")
-        if role not in CHAT_ROLES:
-            raise APIError(f"messages[{i}].role={role!r} must be one of {CHAT_ROLES}", param="messages")
-        msg = {"role": role, "content": _content_text(i, m.get("content"))}
-        if isinstance(m.get("name"), str):
-            msg["name"] = m["name"]
-        parsed.append(msg)
-    logprobs = get_bool(body, "logprobs", False)
-    top_logprobs = get_int(body, "top_logprobs")
-    if top_logprobs is not None and not logprobs:
-        raise APIError("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise _bad("chat_template_kwargs", "an object")
+def parse_chat(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> ChatRequest:
+    b = validate_body(ChatCompletionBody, body, max_logprobs)
+    common = _common(b)
+    common.max_tokens = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
+    choice = b.tool_choice
     return ChatRequest(
         common=common,
-        messages=parsed,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        add_generation_prompt=get_bool(body, "add_generation_prompt", True),
-        continue_final_message=get_bool(body, "continue_final_message", False),
-        chat_template_kwargs=kwargs,
+        messages=[m.template_dict() for m in b.messages],
+        logprobs=bool(b.logprobs),
+        top_logprobs=b.top_logprobs,
+        add_generation_prompt=True if b.add_generation_prompt is None else b.add_generation_prompt,
+        continue_final_message=bool(b.continue_final_message),
+        chat_template_kwargs=dict(b.chat_template_kwargs or {}),
+        tools=[t.model_dump(exclude_none=True) for t in b.tools] if b.tools is not None else None,
+        tool_choice=choice if choice is None or isinstance(choice, str) else choice.model_dump(),
+        parallel_tool_calls=True if b.parallel_tool_calls is None else b.parallel_tool_calls,
     )
+
+
+# ---- /tokenize, /detokenize (vLLM's) ----------------------------------------------------------------------
+class TokenizeBody(RequestModel):
+    """POST /tokenize: `prompt` (text) or `messages` (through the chat template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None  # default: true for a prompt, false for messages
+
+
+class DetokenizeBody(RequestModel):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[NonNegInt]
 
 
 @dataclass(slots=True)
@@ -249,18 +163,26 @@ class TokenizeRequest:
 
 
 def parse_tokenize(body: dict) -> TokenizeRequest:
-    model = get_str(body, "model")
-    if "messages" in body:
-        chat = parse_chat({"messages": body.get("messages")})
-        return TokenizeRequest(model, None, chat.messages, get_bool(body, "add_special_tokens", False))
-    prompt = get_str(body, "prompt")
-    if prompt is None:
-        raise APIError("'prompt' (a string) or 'messages' is required", param="prompt")
-    return TokenizeRequest(model, prompt, None, get_bool(body, "add_special_tokens", True))
+    b = validate_body(TokenizeBody, body)
+    if b.messages is not None:
+        messages = [m.template_dict() for m in b.messages]
+        return TokenizeRequest(b.model, None, messages, bool(b.add_special_tokens))
+    if b.prompt is None:
+        raise APIError("prompt: a string (or messages) is required", param="prompt")
+    add = True if b.add_special_tokens is None else b.add_special_tokens
+    return TokenizeRequest(b.model, b.prompt, None, add)
 
 
 def parse_detokenize(body: dict) -> tuple[str | None, list[int]]:
-    tokens = body.get("tokens")
-    if not _is_token_ids(tokens):
-        raise _bad("tokens", "a list of integers")
-    return get_str(body, "model"), tokens
+    b = validate_body(DetokenizeBody, body)
+    return b.model, list(b.tokens)
+
+
+def body_models() -> dict[str, Any]:
+    """The request body model of each POST route (for /openapi.json and the docs test)."""
+    return {
+        "/v1/chat/completions": ChatCompletionBody,
+        "/v1/completions": CompletionBody,
+        "/tokenize": TokenizeBody,
+        "/detokenize": DetokenizeBody,
+    }

@@ -26,8 +26,8 @@ from jaxllm.server.generation import (
     start_all,
     tracked,
 )
-from jaxllm.server.logprobs import chat_logprobs
-from jaxllm.server.protocol import ChatRequest, get_int, parse_chat
+from jaxllm.server.logprobs import chat_logprobs, prompt_logprobs_json
+from jaxllm.server.protocol import ChatRequest, parse_chat
 from jaxllm.server.state import ServerState
 from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
 
@@ -57,7 +57,7 @@ def render_chat(state: ServerState, req: ChatRequest) -> list[int]:
 
 
 async def create_chat_completion(state: ServerState, body: dict, request) -> Response:
-    req = parse_chat(body)
+    req = parse_chat(body, state.max_logprobs)
     model = check_model(req.common.model, state.served_names)
     tok = state.tokenizer
     ids = render_chat(state, req)
@@ -68,12 +68,13 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
         len(ids),
         state.max_model_len,
         logprobs=logprobs,
+        prompt_logprobs=req.common.prompt_logprobs,
         prompt_param="messages",
         vocab_size=state.vocab_size,
     )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    stream = tracked(state.engine, ids, params, rid, state.metrics, get_int(body, "priority", 0))
+    stream = tracked(state.engine, ids, params, rid, state.metrics, req.common.priority)
     try:
         (stream,) = await start_all([stream], request, state.disconnect_poll_s)
     except ClientDisconnected:
@@ -98,20 +99,23 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                 }
             )
         prompt_tokens = len(ro.prompt_token_ids) or len(ids)
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
-        )
+        response = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+        if req.common.prompt_logprobs is not None:
+            response["prompt_logprobs"] = prompt_logprobs_json(
+                tok, ids, ro.prompt_logprobs, req.common.prompt_logprobs
+            )
+        return JSONResponse(response)
 
     include_usage = req.common.include_usage
 

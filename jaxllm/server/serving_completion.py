@@ -24,8 +24,8 @@ from jaxllm.server.generation import (
     start_all,
     tracked,
 )
-from jaxllm.server.logprobs import completion_logprobs
-from jaxllm.server.protocol import get_int, parse_completion
+from jaxllm.server.logprobs import completion_logprobs, prompt_logprobs_json
+from jaxllm.server.protocol import parse_completion
 from jaxllm.server.state import ServerState
 from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
 
@@ -39,7 +39,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 async def create_completion(state: ServerState, body: dict, request) -> Response:
-    req = parse_completion(body)
+    req = parse_completion(body, state.max_logprobs)
     model = check_model(req.common.model, state.served_names)
     tok = state.tokenizer
     prompts: list[tuple[str, list[int]]] = []
@@ -50,6 +50,9 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
         else:
             check_prompt_ids(p, state.vocab_size, "prompt")
             prompts.append((tok.decode(p) if tok is not None else "", p))
+    # Echoing with logprobs shows the prompt's logprobs too; an explicit prompt_logprobs is returned as is.
+    echoed = req.logprobs if req.echo and req.logprobs is not None else None
+    asked = [n for n in (echoed, req.common.prompt_logprobs) if n is not None]
     params = []
     for _, ids in prompts:
         check_prompt_ids(ids, state.vocab_size, "prompt")
@@ -59,13 +62,13 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                 len(ids),
                 state.max_model_len,
                 logprobs=req.logprobs,
-                prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+                prompt_logprobs=max(asked) if asked else None,
                 vocab_size=state.vocab_size,
             )
         )
     rid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    priority = get_int(body, "priority", 0)
+    priority = req.common.priority
     streams = [
         tracked(state.engine, ids, sp, f"{rid}-{i}", state.metrics, priority)
         for i, ((_, ids), sp) in enumerate(zip(prompts, params, strict=True))
@@ -97,9 +100,17 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                         ids = list(prompt_ids) + ids
                         positions = list(pl) + list(positions or [{}] * len(o.token_ids))
                     lp = completion_logprobs(tok, ids, positions, top_n)
-                choices.append(
-                    {"index": i * n + o.index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason}
-                )
+                choice = {
+                    "index": i * n + o.index,
+                    "text": text,
+                    "logprobs": lp,
+                    "finish_reason": o.finish_reason,
+                }
+                if req.common.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs_json(
+                        tok, prompt_ids, ro.prompt_logprobs, req.common.prompt_logprobs
+                    )
+                choices.append(choice)
         return JSONResponse(
             {
                 "id": rid,

@@ -19,6 +19,9 @@ class ServerState:
     max_request_body_bytes: int = 1 << 20
     disconnect_poll_s: float = 0.5
     stats_interval_s: float = 10.0
+    max_logprobs: int = (
+        20  # --max-logprobs: the most logprobs, top_logprobs, prompt_logprobs a request may ask
+    )
     start_time: float = field(default_factory=time.time)
 
     @property

@@ -19,6 +19,7 @@ def llm(tiny_llama_dir, jax_cache_dir):
         compile_ahead=True,
         max_num_seqs=16,
         max_num_batched_tokens=64,
+        max_logprobs=3,
     )
 
 
@@ -141,6 +142,9 @@ def test_bad_input_is_rejected_and_disturbs_nothing(llm):
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="n="):
         SamplingParams(n=0)
+    for name in ("logprobs", "prompt_logprobs"):  # more than the engine's max_logprobs=3
+        with pytest.raises(ValueError, match=f"^{name}=4 must be <= max_logprobs=3"):
+            llm.generate(None, p.clone(**{name: 4}), prompt_token_ids=good, use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
     after = llm.generate(None, p, prompt_token_ids=good, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in before] == [o.outputs[0].token_ids for o in after]

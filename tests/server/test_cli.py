@@ -45,6 +45,7 @@ ENGINE_FLAGS = {
         ["--override-generation-config", '{"temperature": 0.5, "max_new_tokens": 64}'],
         {"temperature": 0.5, "max_new_tokens": 64},
     ),
+    "max_logprobs": (["--max-logprobs", "5"], 5),
     "block_size": (["--block-size", "32"], 32),
     "gpu_memory_utilization": (["--gpu-memory-utilization", "0.5"], 0.5),
     "num_gpu_blocks_override": (["--num-gpu-blocks-override", "100"], 100),
@@ -155,6 +156,8 @@ def test_chat_template_file_or_inline(tmp_path):
         (["--override-generation-config", "[1, 2]"], "--override-generation-config"),
         (["--override-generation-config", '{"temp": 0.5}'], "--override-generation-config"),
         (["--override-generation-config", '{"top_p": 0}'], "--override-generation-config"),
+        (["--max-logprobs", "21"], "--max-logprobs"),  # the sampler computes 20 wide
+        (["--max-logprobs", "-1"], "--max-logprobs"),
     ],
 )
 def test_bad_values_exit_naming_the_flag(argv, named, capsys):
@@ -246,15 +249,15 @@ def test_serve_builds_engine_and_runs_uvicorn(serve_with_stand_ins, caplog):
     seen = serve_with_stand_ins
     argv = ["serve", "--max-model-len", "128", "--port", "9123", "--served-model-name", "x", "--api-key", "k"]
     with caplog.at_level(logging.INFO, logger="jaxllm.server"):
-        cli.main(argv)
-    assert seen["args"] == EngineArgs(max_model_len=128) and seen["port"] == 9123
+        cli.main(argv + ["--max-logprobs", "7"])
+    assert seen["args"] == EngineArgs(max_model_len=128, max_logprobs=7) and seen["port"] == 9123
     assert seen["served_model_name"] == "x"
     assert sys.getswitchinterval() == pytest.approx(cli.DEFAULT_GIL_SWITCH_INTERVAL_MS / 1000)
     state = seen["app"].state.server
-    assert state.served_names == ["x"] and state.api_key == "k"
+    assert state.served_names == ["x"] and state.api_key == "k" and state.max_logprobs == 7
     assert (
         "http://0.0.0.0:9123" in caplog.text
-        and "engine arguments given: {'max_model_len': 128}" in caplog.text
+        and "engine arguments given: {'max_model_len': 128, 'max_logprobs': 7}" in caplog.text
     )
     assert "GIL switch interval 0.05 ms" in caplog.text
 
