@@ -140,9 +140,13 @@ def build_app(
     stats_interval_s: float = 10.0,
     log_stats: bool = True,
     manage_engine: bool = True,
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> Starlette:
     """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
-    line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off)."""
+    line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off).
+    The last three are the flags of the same names (tool calling and reasoning in chat responses)."""
     names = list(served_model_names or [engine.model_name])
     state = ServerState(
         engine=engine,
@@ -154,6 +158,9 @@ def build_app(
         max_request_body_bytes=max_request_body_bytes,
         disconnect_poll_s=disconnect_poll_s,
         stats_interval_s=stats_interval_s,
+        enable_auto_tool_choice=enable_auto_tool_choice,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
     )
 
     @contextlib.asynccontextmanager

@@ -221,6 +221,9 @@ def parse_chat(body: dict) -> ChatRequest:
         msg = {"role": role, "content": _content_text(i, m.get("content"))}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        for key in ("tool_calls", "tool_call_id"):  # checked where they are used (server/tool_messages.py)
+            if m.get(key) is not None:
+                msg[key] = m[key]
         parsed.append(msg)
     logprobs = get_bool(body, "logprobs", False)
     top_logprobs = get_int(body, "top_logprobs")

@@ -20,6 +20,13 @@ class ServerState:
     disconnect_poll_s: float = 0.5
     stats_interval_s: float = 10.0
     start_time: float = field(default_factory=time.time)
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" reads calls with tool_call_parser
+    tool_call_parser: str | None = None  # a jaxllm.server.tool_parsers.TOOL_PARSERS name
+    reasoning_parser: str | None = None  # a jaxllm.server.reasoning.REASONING_PARSERS name
+
+    @property
+    def auto_tool_choice(self) -> bool:
+        return self.enable_auto_tool_choice and self.tool_call_parser is not None
 
     @property
     def tokenizer(self):
