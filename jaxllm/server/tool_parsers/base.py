@@ -69,7 +69,7 @@ def openai_call_id() -> str:
 
 class ToolParser:
     """Subclasses implement `_consume(text, final)`: take `text` (more output; `final`: the output
-    ended) and report through `_content`, `_start_call`, `_sync_call` and `_end_section`."""
+    ended) and report through `_content`, `_feed_call`, `_end_call` and `_end_section`."""
 
     name: ClassVar[str]
 
@@ -128,6 +128,17 @@ class ToolParser:
             self._content_out.append(self._held_ws + body)
             self._held_ws = ""
         self._held_ws += text[len(body) :]
+
+    def _feed_call(self, scanner: CallScanner, text: str, name: str | None = None) -> int:
+        """Feeds a call object: sends the call when it becomes ready (`name`: when the name is not in
+        the object), then its arguments as they come; returns the characters consumed."""
+        n = scanner.feed(text)
+        if scanner.ready and self._live is None and not scanner.broken:
+            self._start_call(scanner, name)
+            if n < len(text) and not scanner.done:
+                n += scanner.feed(text[n:])
+        self._sync_call()
+        return n
 
     def _start_call(self, scanner: CallScanner, name: str | None = None) -> None:
         """`scanner` is ready: the call goes out (with `name` when the name is not in the object)."""

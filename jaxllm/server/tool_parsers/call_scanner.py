@@ -51,7 +51,8 @@ class CallScanner:
         return self.json.text[self.args_start : self.args_end]
 
     def feed(self, text: str) -> int:
-        """Consumes characters of `text` (stopping at the object's end or at a fault); returns how many."""
+        """Consumes characters of `text`, stopping at the object's end, at a fault, or (with `early`) just
+        after the call became ready, so that the caller sends it before reading on; returns how many."""
         if not self.early or self.ready:
             n = self.json.feed(text)
             self._update()
@@ -63,8 +64,6 @@ class CallScanner:
                 break
             n += 1
             self._update()
-        if n < len(text) and self.ready and not (self.broken or self.json.done):
-            n += self.feed(text[n:])
         return n
 
     def _update(self) -> None:

@@ -76,12 +76,9 @@ class HermesToolParser(ToolParser):
                 self._state, self._scanner = _CALL, CallScanner(early=self.early)
         if self._state == _CALL:
             s = self._scanner
-            n = s.feed(body)
+            n = self._feed_call(s, body)
             self._block += body[:n]
             body = body[n:]
-            if s.ready and self._live is None and not s.broken:
-                self._start_call(s)
-            self._sync_call()
             if s.broken:
                 self._break_block()
             elif s.done:

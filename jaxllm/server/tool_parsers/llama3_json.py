@@ -72,12 +72,9 @@ class Llama3JsonToolParser(ToolParser):
     def _call(self, final: bool) -> bool:
         """Feeds the call object; False: wait for more text."""
         s = self._scanner
-        n = s.feed(self._buf)
+        n = self._feed_call(s, self._buf)
         self._held += self._buf[:n]
         self._buf = self._buf[n:]
-        if s.ready and self._live is None and not s.broken:
-            self._start_call(s)
-        self._sync_call()
         if s.done:
             self._end_call()
             self._end_section()

@@ -117,10 +117,7 @@ class MistralToolParser(ToolParser):
     def _scan(self, final: bool) -> bool:
         """Feeds the call object (or the [ARGS] object); False: wait for more text."""
         sc = self._scanner
-        self._advance(sc.feed(self._buf))
-        if sc.ready and self._live is None and not sc.broken:
-            self._start_call(sc, self._fname if self._state == _ARGS else None)
-        self._sync_call()
+        self._advance(self._feed_call(sc, self._buf, self._fname if self._state == _ARGS else None))
         if sc.done:
             self._end_call()
             self._pending, self._section_calls = "", self._section_calls + 1
