@@ -105,7 +105,7 @@ def _random_value(rng: random.Random, depth: int = 0):
     if kind == 3:
         return None
     if kind in (4, 5):
-        return {f"k{i}{rng.choice('\"xy')}": _random_value(rng, depth + 1) for i in range(rng.randrange(4))}
+        return {f"k{i}{rng.choice('"xy')}": _random_value(rng, depth + 1) for i in range(rng.randrange(4))}
     return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
 
 
@@ -140,7 +140,11 @@ def test_json_scanner_on_random_documents_and_their_mutations():
         # One character deleted, replaced or inserted: valid exactly when json.loads says so.
         i = rng.randrange(len(text))
         mutated = rng.choice(
-            [text[:i] + text[i + 1 :], text[:i] + rng.choice('{}[],:"0a\\ ') + text[i + 1 :], text[:i] + "x" + text[i:]]
+            [
+                text[:i] + text[i + 1 :],
+                text[:i] + rng.choice('{}[],:"0a\\ ') + text[i + 1 :],
+                text[:i] + "x" + text[i:],
+            ]
         )
         m = _scan(mutated, rng.choice([0, 1, 3]))
         assert (m.done and m.consumed_all and not m.error) == _is_json(mutated), mutated
@@ -283,7 +287,11 @@ def _splits(text: str) -> list[list[str]]:
             out.append(first + [text[i : i + k] for i in range(phase, len(text), k)])
     rng = random.Random(len(text))
     for _ in range(20):
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 12)))) if len(text) > 1 else []
+        cuts = (
+            sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 12))))
+            if len(text) > 1
+            else []
+        )
         bounds = [0, *cuts, len(text)]
         out.append([text[a:b] for a, b in zip(bounds, bounds[1:])])
     return out
