@@ -31,9 +31,11 @@ from jaxllm.server.errors import APIError, error_body, error_response
 from jaxllm.server.generation import check_model
 from jaxllm.server.metrics import ServerMetrics, StatsLogger
 from jaxllm.server.protocol import parse_detokenize, parse_tokenize, with_sampling_defaults
+from jaxllm.server.reasoning import REASONING_PARSERS
 from jaxllm.server.serving_chat import create_chat_completion, render_chat
 from jaxllm.server.serving_completion import create_completion
 from jaxllm.server.state import ServerState
+from jaxllm.server.tool_parsers import TOOL_PARSERS
 
 logger = logging.getLogger("jaxllm.server")
 
@@ -147,6 +149,10 @@ def build_app(
     """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
     line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off).
     The last three are the flags of the same names (tool calling and reasoning in chat responses)."""
+    if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(f"tool_call_parser={tool_call_parser!r} must be one of {sorted(TOOL_PARSERS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"reasoning_parser={reasoning_parser!r} must be one of {sorted(REASONING_PARSERS)}")
     names = list(served_model_names or [engine.model_name])
     state = ServerState(
         engine=engine,

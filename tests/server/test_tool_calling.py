@@ -121,6 +121,32 @@ def test_tool_choice_errors_name_the_field_with_vllms_wording():
     assert _error({"tools": TOOLS, "parallel_tool_calls": "yes"}).param == "parallel_tool_calls"
 
 
+def test_flags_name_the_registered_parsers_and_need_each_other():
+    from jaxllm.server.args import REASONING_PARSERS as REASONING_FLAG_CHOICES
+    from jaxllm.server.args import TOOL_CALL_PARSERS, ServerArgs, args_from_namespace, make_arg_parser
+    from jaxllm.server.reasoning import REASONING_PARSERS
+    from jaxllm.server.tool_parsers import TOOL_PARSERS
+
+    assert set(TOOL_CALL_PARSERS) == set(TOOL_PARSERS) and set(REASONING_FLAG_CHOICES) == set(
+        REASONING_PARSERS
+    )
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice.*requires --tool-call-parser"):
+        ServerArgs(enable_auto_tool_choice=True)
+    ns = make_arg_parser().parse_args(
+        ["--enable-auto-tool-choice", "--tool-call-parser", "qwen", "--reasoning-parser", "qwen3"]
+    )
+    _, server = args_from_namespace(ns)
+    assert (server.enable_auto_tool_choice, server.tool_call_parser, server.reasoning_parser) == (
+        True,
+        "qwen",
+        "qwen3",
+    )
+    with pytest.raises(SystemExit):
+        make_arg_parser().parse_args(["--tool-call-parser", "pythonic"])
+    with pytest.raises(ValueError, match="tool_call_parser='pythonic'"):
+        build_app(ScriptedEngine(Script()), tool_call_parser="pythonic")
+
+
 # --- the schemas -------------------------------------------------------------------------------------
 
 

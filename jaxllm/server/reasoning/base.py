@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from jaxllm.server.tool_parsers.base import partial_marker_len
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 
@@ -28,14 +30,6 @@ _START, _REASONING, _CONTENT = range(3)
 class ReasoningDelta:
     reasoning: str = ""
     content: str = ""
-
-
-def _partial(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is a proper beginning of `marker`."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 class ReasoningParser:
@@ -73,7 +67,7 @@ class ReasoningParser:
         if self._state == _REASONING:
             i = self._buf.find(THINK_END)
             if i < 0:
-                keep = 0 if final else _partial(self._buf, THINK_END)
+                keep = 0 if final else partial_marker_len(self._buf, THINK_END)
                 out.reasoning = self._buf[: len(self._buf) - keep]
                 self._buf = self._buf[len(self._buf) - keep :]
                 return out

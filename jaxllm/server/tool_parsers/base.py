@@ -154,11 +154,11 @@ class ToolParser:
         self._live, self._sent = scanner, 0
         self._sync_call()
 
-    def _sync_call(self, arguments: str | None = None) -> None:
+    def _sync_call(self) -> None:
         """Sends the live call's arguments written since the last sync."""
         if self._live is None:
             return
-        text = self._live.arguments() if arguments is None else arguments
+        text = self._live.arguments()
         piece = text[self._sent :]
         if not piece:
             return
