@@ -33,9 +33,11 @@ from jaxllm.server.generation import check_model
 from jaxllm.server.metrics import ServerMetrics, StatsLogger
 from jaxllm.server.openapi import openapi_document
 from jaxllm.server.protocol import parse_detokenize, parse_tokenize, with_sampling_defaults
+from jaxllm.server.reasoning import REASONING_PARSERS
 from jaxllm.server.serving_chat import create_chat_completion, render_chat
 from jaxllm.server.serving_completion import create_completion
 from jaxllm.server.state import ServerState
+from jaxllm.server.tool_parsers import TOOL_PARSERS
 
 logger = logging.getLogger("jaxllm.server")
 
@@ -147,10 +149,18 @@ def build_app(
     log_stats: bool = True,
     manage_engine: bool = True,
     max_logprobs: int = 20,
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> Starlette:
     """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
     line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off);
-    `max_logprobs`: the engine's --max-logprobs, which requests are checked against."""
+    `max_logprobs`: the engine's --max-logprobs, which requests are checked against. The last three are the
+    flags of the same names (tool calling and reasoning in chat responses)."""
+    if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(f"tool_call_parser={tool_call_parser!r} must be one of {sorted(TOOL_PARSERS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"reasoning_parser={reasoning_parser!r} must be one of {sorted(REASONING_PARSERS)}")
     names = list(served_model_names or [engine.model_name])
     state = ServerState(
         engine=engine,
@@ -163,6 +173,9 @@ def build_app(
         disconnect_poll_s=disconnect_poll_s,
         stats_interval_s=stats_interval_s,
         max_logprobs=max_logprobs,
+        enable_auto_tool_choice=enable_auto_tool_choice,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
     )
 
     @contextlib.asynccontextmanager

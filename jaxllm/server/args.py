@@ -18,6 +18,11 @@ from typing import Any
 
 from jaxllm.engine_args import EngineArgs, arg_field, base_type, check_field, flag_name
 
+# The parsers' names (jaxllm/server/tool_parsers/, jaxllm/server/reasoning/), written out so that the
+# flags are known without importing the parsers.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+
 API_KEY_ENV = "JAXLLM_API_KEY"
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
 # The engine thread and the event loop's HTTP work share the GIL. With Python's default 5 ms interval, a
@@ -47,12 +52,31 @@ class ServerArgs:
         "Python's 5 ms lets the HTTP work hold back the engine thread's next step",
         gt=0.0,
     )
+    enable_auto_tool_choice: bool = arg_field(
+        False,
+        'tool_choice "auto" (the default with tools): the model decides, --tool-call-parser reads its calls',
+    )
+    tool_call_parser: str | None = arg_field(
+        None,
+        "how the model writes tool calls: hermes and qwen (<tool_call> JSON </tool_call>), llama3_json, "
+        "mistral",
+        choices=(None, *TOOL_CALL_PARSERS),
+    )
+    reasoning_parser: str | None = arg_field(
+        None,
+        "split <think> text into reasoning_content: deepseek_r1 (the output starts inside it), qwen3",
+        choices=(None, *REASONING_PARSERS),
+    )
     uvicorn_log_level: str = arg_field("info", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
     disable_log_stats: bool = arg_field(False, "no periodic log line of throughput and KV cache use")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             check_field(f, getattr(self, f.name), _SERVER_TYPES)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError(
+                "enable_auto_tool_choice=True (--enable-auto-tool-choice) requires --tool-call-parser"
+            )
 
 
 _SERVER_TYPES = typing.get_type_hints(ServerArgs)

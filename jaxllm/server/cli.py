@@ -115,6 +115,9 @@ def serve(args: ServeArgs) -> None:
         max_request_body_bytes=server.max_request_body_bytes,
         log_stats=not server.disable_log_stats,
         max_logprobs=args.engine.max_logprobs,
+        enable_auto_tool_choice=server.enable_auto_tool_choice,
+        tool_call_parser=server.tool_call_parser,
+        reasoning_parser=server.reasoning_parser,
     )
     shown_host = server.host if server.host not in (None, "", "0.0.0.0") else "0.0.0.0"
     for line in startup_lines(dict(engine.startup_info), f"http://{shown_host}:{server.port}"):

@@ -1,10 +1,14 @@
 """POST /v1/chat/completions: messages -> chat template -> token ids -> one engine request -> OpenAI's shape.
 
-The template is --chat-template when given, else the tokenizer's own. Streaming sends a first chunk with
-the assistant role per choice, then content deltas, the finish reason, and (with
-stream_options.include_usage) a last chunk with no choices and the usage. The engine's DELTA outputs
-(generation.make_sampling_params) carry exactly what each chunk sends; a single response is the engine's
-FINAL_ONLY output.
+The template is --chat-template when given, else the tokenizer's own; the request's tools reach it, and
+earlier tool calls go back through it (tool_messages.py). Streaming sends a first chunk with the assistant
+role per choice, then content deltas, the finish reason, and (with stream_options.include_usage) a last
+chunk with no choices and the usage. The engine's DELTA outputs (generation.make_sampling_params) carry
+exactly what each chunk sends; a single response is the engine's FINAL_ONLY output.
+
+tools / tool_choice (tool_choice.py) decide how the output is read: plain content, or through a tool-call
+parser, or decoded under a JSON schema of calls; with --reasoning-parser, <think> text becomes
+reasoning_content. chat_output.ChoiceReader does that per choice, whole or per delta.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import uuid
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from jaxllm.sampling_params import StructuredOutputsParams
+from jaxllm.server.chat_output import ChoiceReader, needs_reader
 from jaxllm.server.errors import APIError, error_body
 from jaxllm.server.generation import (
     ClientDisconnected,
@@ -28,12 +34,17 @@ from jaxllm.server.generation import (
 )
 from jaxllm.server.logprobs import chat_logprobs, prompt_logprobs_json
 from jaxllm.server.protocol import ChatRequest, parse_chat
+from jaxllm.server.reasoning import REASONING_PARSERS
 from jaxllm.server.state import ServerState
 from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
+from jaxllm.server.tool_choice import plan_tool_calls, tool_request
+from jaxllm.server.tool_messages import template_messages
+from jaxllm.server.tool_parsers import TOOL_PARSERS
 
 
-def render_chat(state: ServerState, req: ChatRequest) -> list[int]:
-    """Applies the chat template and tokenizes the result (the template adds the special tokens)."""
+def render_chat(state: ServerState, req: ChatRequest, tools: list[dict] | None = None) -> list[int]:
+    """Applies the chat template (with the request's tools, OpenAI's tool dicts, which transformers
+    takes as they are) and tokenizes the result (the template adds the special tokens)."""
     tok = state.require_tokenizer("messages")
     template = state.chat_template or getattr(tok, "chat_template", None)
     if not template:
@@ -42,7 +53,8 @@ def render_chat(state: ServerState, req: ChatRequest) -> list[int]:
         )
     try:
         text = tok.apply_chat_template(
-            req.messages,
+            template_messages(req.messages),
+            tools=tools,
             chat_template=template,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
             continue_final_message=req.continue_final_message,
@@ -59,8 +71,21 @@ def render_chat(state: ServerState, req: ChatRequest) -> list[int]:
 async def create_chat_completion(state: ServerState, body: dict, request) -> Response:
     req = parse_chat(body, state.max_logprobs)
     model = check_model(req.common.model, state.served_names)
+    plan = plan_tool_calls(tool_request(req, body), auto_tool_choice=state.auto_tool_choice)
+    if plan.schema is not None:
+        req.common.sampling["structured_outputs"] = StructuredOutputsParams(json=plan.schema)
+    tool_parser = TOOL_PARSERS[state.tool_call_parser] if plan.mode == "auto" else None
+    reasoning = REASONING_PARSERS[state.reasoning_parser] if state.reasoning_parser else None
+
+    def reader(stream: bool) -> ChoiceReader | None:
+        return (
+            ChoiceReader(plan, tool_parser, reasoning, stream=stream)
+            if needs_reader(plan, reasoning)
+            else None
+        )
+
     tok = state.tokenizer
-    ids = render_chat(state, req)
+    ids = render_chat(state, req, plan.tools)
     check_prompt_ids(ids, state.vocab_size, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = make_sampling_params(
@@ -90,12 +115,13 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
         for o in sorted(ro.outputs, key=lambda o: o.index):
             completion_tokens += len(o.token_ids)
             lp = chat_logprobs(tok, list(o.token_ids), o.logprobs, top_n) if req.logprobs else None
+            r = reader(stream=False)
             choices.append(
                 {
                     "index": o.index,
-                    "message": {"role": "assistant", "content": o.text},
+                    "message": r.message(o.text) if r else {"role": "assistant", "content": o.text},
                     "logprobs": lp,
-                    "finish_reason": o.finish_reason,
+                    "finish_reason": r.finish_reason(o.finish_reason) if r else o.finish_reason,
                 }
             )
         prompt_tokens = len(ro.prompt_token_ids) or len(ids)
@@ -133,6 +159,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
 
     async def events():
         started: set[int] = set()  # choices whose role chunk went out
+        readers: dict[int, ChoiceReader | None] = {}
         prompt_tokens, completion_tokens = len(ids), 0
         merged = merge([stream])
         try:
@@ -158,7 +185,19 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                     if not o.text and not o.token_ids and o.finish_reason is None:
                         continue
                     lp = chat_logprobs(tok, o.token_ids, o.logprobs, top_n) if req.logprobs else None
-                    delta = {"content": o.text} if o.text or o.finish_reason is None else {}
+                    if o.index not in readers:
+                        readers[o.index] = reader(True)
+                    r = readers[o.index]
+                    finish_reason = o.finish_reason
+                    if r is None:
+                        delta = {"content": o.text} if o.text or o.finish_reason is None else {}
+                    elif o.finish_reason is None:
+                        delta = r.feed(o.text)
+                    else:
+                        delta = r.last(o.text)
+                        finish_reason = r.finish_reason(o.finish_reason)
+                    if r is not None and not delta and finish_reason is None and lp is None:
+                        continue  # the reader holds this text back: nothing to send yet
                     yield sse(
                         chunk(
                             [
@@ -166,7 +205,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                                     "index": o.index,
                                     "delta": delta,
                                     "logprobs": lp,
-                                    "finish_reason": o.finish_reason,
+                                    "finish_reason": finish_reason,
                                 }
                             ]
                         )

@@ -23,6 +23,13 @@ class ServerState:
         20  # --max-logprobs: the most logprobs, top_logprobs, prompt_logprobs a request may ask
     )
     start_time: float = field(default_factory=time.time)
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" reads calls with tool_call_parser
+    tool_call_parser: str | None = None  # a jaxllm.server.tool_parsers.TOOL_PARSERS name
+    reasoning_parser: str | None = None  # a jaxllm.server.reasoning.REASONING_PARSERS name
+
+    @property
+    def auto_tool_choice(self) -> bool:
+        return self.enable_auto_tool_choice and self.tool_call_parser is not None
 
     @property
     def tokenizer(self):

@@ -77,6 +77,9 @@ SERVER_FLAGS = {
     "gil_switch_interval_ms": (["--gil-switch-interval-ms", "0.2"], 0.2),
     "uvicorn_log_level": (["--uvicorn-log-level", "debug"], "debug"),
     "disable_log_stats": (["--disable-log-stats"], True),
+    "enable_auto_tool_choice": (["--enable-auto-tool-choice"], True),
+    "tool_call_parser": (["--tool-call-parser", "hermes"], "hermes"),
+    "reasoning_parser": (["--reasoning-parser", "deepseek_r1"], "deepseek_r1"),
 }
 
 
