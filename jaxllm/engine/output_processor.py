@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from jaxllm.engine.detokenizer import IncrementalDetokenizer, check_stop_strings, stop_holdback_len
 from jaxllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
-from jaxllm.request import Request
+from jaxllm.request import Request, RequestStatus
 from jaxllm.runner_output import TokenLogprobs
 from jaxllm.sampling_params import RequestOutputKind
 
@@ -116,6 +116,14 @@ class OutputProcessor:
                 child.cumulative_logprob += float(lp.logprobs[r, 0])
         if child.detok is None or child.text_done:
             return None
+        if (
+            new_token_ids
+            and req.status == RequestStatus.FINISHED_STOPPED
+            and not params.include_stop_str_in_output
+        ):
+            # The scheduler stopped it on this step's last token (EOS or a stop token id): as in vLLM, that
+            # token stays in token_ids but adds no text (with skip_special_tokens=False it would show).
+            new_token_ids = new_token_ids[:-1]
         stops = params.stop_list
         if not stops:
             delta = child.detok.step(new_token_ids)
