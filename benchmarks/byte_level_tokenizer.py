@@ -49,34 +49,7 @@ WORDS = (
 )  # fmt: skip
 LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
 # English letter frequencies (per mille) for LETTERS, so that filler pieces look like word pieces.
-LETTER_WEIGHTS = (
-    127,
-    91,
-    82,
-    75,
-    70,
-    67,
-    63,
-    61,
-    60,
-    43,
-    40,
-    28,
-    28,
-    24,
-    24,
-    22,
-    20,
-    20,
-    19,
-    15,
-    10,
-    8,
-    2,
-    2,
-    1,
-    1,
-)
+LETTER_WEIGHTS = (127, 91, 82, 75, 70, 67, 63, 61, 60, 43, 40, 28, 28, 24, 24, 22, 20, 20, 19, 15, 10, 8, 2, 2, 1, 1)  # fmt: skip
 # Lengths of filler pieces in characters (a leading space counts), weighted around a BPE vocabulary's.
 FILLER_LENGTHS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 FILLER_LENGTH_WEIGHTS = (6, 10, 13, 14, 13, 12, 10, 8, 6, 4, 3)
