@@ -11,6 +11,7 @@ GBNF grammar, each with a document it accepts.
     with_variant(schema, tag): the same schema under another text, which a compile cache keyed by the
         schema sees as new (its "title" changes; no engine constrains on the title)
 
+Documents list their keys in the schema's order: the engines generate properties in that order.
 Every object sets additionalProperties false (OpenAI's strict schemas must): otherwise any key may follow,
 and a document never has to end.
 """
@@ -143,11 +144,11 @@ JSON_CASES: tuple[JsonCase, ...] = (
         ),
         {
             "order_id": "ORD-004211",
-            "paid": False,
             "items": [
                 {"sku": "ABC-1234", "quantity": 2, "unit_price_cents": 1999},
                 {"sku": "XYZ-0001", "quantity": 1, "unit_price_cents": 25000},
             ],
+            "paid": False,
         },
     ),  # fmt: skip
     JsonCase(
@@ -317,8 +318,8 @@ JSON_CASES: tuple[JsonCase, ...] = (
             },
             "limits": {"max_connections": 1024, "timeout_s": 30.5},
             "features": ["metrics", "auth"],
-            "ratio": 0.75,
             "description": 'The serving frontend, with "quotes" and a\nnewline.',
+            "ratio": 0.75,
         },
     ),  # fmt: skip
     JsonCase(
