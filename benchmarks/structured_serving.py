@@ -195,7 +195,7 @@ def structured_summary(timings, schema_of: dict[int, int], schemas) -> dict[str,
         checked_with = "jsonschema"
     except ImportError:
         checked_with = "json.loads only (jsonschema is not installed)"
-    honoured = counts["valid"] > 0 and counts["invalid"] == 0
+    honoured = counts["valid"] > 0 and counts["invalid"] == 0 if schema_of else None
     summary = {
         "requests": len(schema_of),
         **counts,
@@ -204,7 +204,7 @@ def structured_summary(timings, schema_of: dict[int, int], schemas) -> dict[str,
         "mean_output_tokens": float(np.mean(tokens)) if tokens else None,
         "examples": [timings[i].text[:300] for i in list(schema_of)[:3]],
     }
-    if not honoured:
+    if honoured is False:
         summary["warning"] = (
             f"the server did not honour structured_outputs: {counts['valid']} of {len(schema_of)} constrained "
             f"outputs were documents of their schema ({counts['invalid']} ended as something else, "

@@ -69,6 +69,8 @@ def test_check_output():
     s = ss.structured_summary([timing(text=doc), timing(text="x"), timing(text=doc)], {0: 0, 1: 0}, [PERSON])
     assert (s["valid"], s["invalid"], s["requests"], s["honoured"]) == (1, 1, 2, False)
     assert "did not honour" in s["warning"]
+    none = ss.structured_summary([timing()], {}, [PERSON])  # no constrained request: nothing to judge
+    assert none["requests"] == 0 and none["honoured"] is None and "warning" not in none
 
 
 def test_compile_estimates():
