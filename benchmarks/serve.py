@@ -167,8 +167,10 @@ async def send_request(
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(req.extra_body or {}),
     }
     t = RequestTiming(success=False, prompt_len=req.input_len)
+    pieces: list[str] = []
     chunks = 0
     usage = None
     start = time.perf_counter()
@@ -189,6 +191,9 @@ async def send_request(
                     usage = msg["usage"]
                 if not msg.get("choices"):
                     continue
+                choice = msg["choices"][0]
+                pieces.append(choice.get("text") or "")
+                t.finish_reason = choice.get("finish_reason") or t.finish_reason
                 now = time.perf_counter()
                 if chunks == 0:
                     t.ttft = now - start
@@ -200,6 +205,7 @@ async def send_request(
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         t.error = f"{type(e).__name__}: {e}"
         return t
+    t.text = "".join(pieces)
     t.output_tokens = int(usage["completion_tokens"]) if usage else chunks
     if usage and usage.get("prompt_tokens"):
         t.prompt_len = int(usage["prompt_tokens"])

@@ -36,6 +36,8 @@ class RequestTiming:
     latency: float = 0.0  # seconds, end to end
     itl: list[float] = field(default_factory=list)  # seconds between consecutive chunks after the first
     error: str = ""
+    text: str = ""  # the streamed text
+    finish_reason: str | None = None
 
     @property
     def tpot(self) -> float | None:

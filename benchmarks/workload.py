@@ -33,7 +33,8 @@ RESULT_KEYS = ("benchmark", "name", "date", "device", "model", "args", "results"
 class BenchRequest:
     prompt: str | list[int]  # text, or token ids
     input_len: int  # tokens in the prompt (for text: as counted by the tokenizer, or 0 when unknown)
-    output_len: int  # tokens to generate (sent with ignore_eos)
+    output_len: int  # tokens to generate (sent with ignore_eos unless extra_body says otherwise)
+    extra_body: dict[str, Any] | None = None  # more request fields, e.g. structured_outputs; they win
 
     def __post_init__(self) -> None:
         if self.output_len < 1:
