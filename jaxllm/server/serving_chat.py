@@ -75,6 +75,12 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
     if plan.schema is not None:
         req.common.sampling["structured_outputs"] = StructuredOutputsParams(json=plan.schema)
     tool_parser = TOOL_PARSERS[state.tool_call_parser] if plan.mode == "auto" else None
+    if (
+        tool_parser is not None
+        and tool_parser.needs_special_tokens
+        and body.get("skip_special_tokens") is None
+    ):
+        req.common.sampling["skip_special_tokens"] = False
     reasoning = REASONING_PARSERS[state.reasoning_parser] if state.reasoning_parser else None
 
     def reader(stream: bool) -> ChoiceReader | None:

@@ -526,3 +526,24 @@ def test_required_and_named_decode_under_the_schema_and_read_the_output(scripted
     assert _calls(choice.message) == [("get_weather", {"city": "Oslo", "units": "fahrenheit"})]
     assert choice.finish_reason == "stop"  # vLLM's finish reason for a named function
     assert re.fullmatch(r"call_[0-9a-f]{24}", choice.message.tool_calls[0].id)
+
+
+def test_parsers_whose_markers_are_special_tokens_keep_them_in_the_text(scripted):
+    script, engine, server, client = scripted
+    script.reply = "plain"
+    saved = server.tool_call_parser
+    try:
+        for parser, sent, expected in (
+            ("mistral", None, False),
+            ("llama3_json", None, False),
+            ("mistral", True, True),  # the client's own value wins
+            ("hermes", None, True),  # hermes' <tool_call> is text
+        ):
+            server.tool_call_parser = parser
+            extra = {} if sent is None else {"skip_special_tokens": sent}
+            client.chat.completions.create(
+                model="scripted-model", messages=USER, tools=TOOLS, extra_body=extra
+            )
+            assert engine.requests[-1][1].skip_special_tokens is expected, parser
+    finally:
+        server.tool_call_parser = saved

@@ -72,6 +72,9 @@ class ToolParser:
     ended) and report through `_content`, `_feed_call`, `_end_call` and `_end_section`."""
 
     name: ClassVar[str]
+    # The format's markers are special tokens: the server then detokenizes with skip_special_tokens off
+    # (unless the request says otherwise), as vLLM does for these parsers.
+    needs_special_tokens: ClassVar[bool] = False
 
     def __init__(self, *, stream: bool = True) -> None:
         self.early = stream  # calls go out as soon as their name is known (else once complete)

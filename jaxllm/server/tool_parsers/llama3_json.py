@@ -21,6 +21,7 @@ _LEAD, _CALL, _SEP, _TEXT = range(4)
 
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
+    needs_special_tokens = True
     args_keys = ("parameters", "arguments")
 
     def __init__(self, *, stream: bool = True) -> None:

@@ -33,6 +33,7 @@ _TEXT, _SECTION, _LIST_OPEN, _ITEM, _LIST_NEXT, _LIST_ITEM, _NAME, _ARGS_OPEN, _
 
 class MistralToolParser(ToolParser):
     name = "mistral"
+    needs_special_tokens = True
 
     def __init__(self, *, stream: bool = True) -> None:
         super().__init__(stream=stream)
