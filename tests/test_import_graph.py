@@ -105,9 +105,10 @@ def in_folder(file: str, *folders: str) -> bool:
 
 
 def is_host_only(file: str) -> bool:
-    """jaxllm/core/, jaxllm/server/, and the shared plain-data types: the modules directly in jaxllm/
-    (requests, outputs, configuration, sampling parameters, stats, step outputs), all but compat.py."""
-    if in_folder(file, "jaxllm/core", "jaxllm/server"):
+    """jaxllm/core/, jaxllm/server/, jaxllm/structured_output/, and the shared plain-data types: the modules
+    directly in jaxllm/ (requests, outputs, configuration, sampling parameters, stats, step outputs), all but
+    compat.py."""
+    if in_folder(file, "jaxllm/core", "jaxllm/server", "jaxllm/structured_output"):
         return True
     return Path(file).parent == Path("jaxllm") and file != "jaxllm/compat.py"
 
@@ -136,7 +137,7 @@ def within(*folders: str) -> Callable[[str], bool]:
 
 RULES = [
     Rule(
-        "jaxllm/core, the shared types and the server never import jax (nor flax or orbax)",
+        "jaxllm/core, structured_output, the shared types and the server never import jax (nor flax or orbax)",
         is_host_only,
         any_of(*JAX_FAMILY),
     ),
