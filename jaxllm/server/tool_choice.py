@@ -29,7 +29,6 @@ CONSTRAINT_FIELDS = (
     "guided_grammar",
 )
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function without parameters takes {}
-NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 
 
@@ -68,23 +67,17 @@ class ToolPlan:
 
 
 def plan_tool_calls(req: ToolRequest, *, auto_tool_choice: bool) -> ToolPlan:
-    """`auto_tool_choice`: the server runs with --enable-auto-tool-choice and a --tool-call-parser."""
+    """`auto_tool_choice`: the server runs with --enable-auto-tool-choice and a --tool-call-parser.
+
+    The fields' shapes were checked where the request was parsed (protocol_chat.py: tool_choice is one of
+    the four forms, needs tools unless "none", and a named function is one of them); what is left here
+    are the rules that depend on the server's flags and on other fields."""
     tools = req.tools or None
     choice = req.tool_choice
     if choice is None:
         choice = "auto" if tools else "none"
-    if choice == "none":
+    if choice == "none" or tools is None:
         return ToolPlan("none", tools, parallel_tool_calls=req.parallel_tool_calls)
-    if tools is None:
-        if choice == "required" and req.tools is not None:  # an empty list: OpenAI treats it as "none"
-            return ToolPlan("none", None)
-        raise APIError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
-    if isinstance(choice, str) and choice not in ("auto", "required"):
-        raise APIError(
-            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" '
-            "are supported.",
-            param="tool_choice",
-        )
     if choice == "auto":
         if not auto_tool_choice:
             raise APIError(AUTO_NEEDS_FLAGS, param="tool_choice")
@@ -102,28 +95,9 @@ def plan_tool_calls(req: ToolRequest, *, auto_tool_choice: bool) -> ToolPlan:
             schema=required_schema(tools, req.parallel_tool_calls),
             parallel_tool_calls=req.parallel_tool_calls,
         )
-    name = _named_function(choice)
-    tool = next((t for t in tools if t["function"]["name"] == name), None)
-    if tool is None:
-        raise APIError(
-            "The tool specified in `tool_choice` does not match any of the specified `tools`",
-            param="tool_choice",
-        )
+    name = choice["function"]["name"]
+    tool = next(t for t in tools if t["function"]["name"] == name)
     return ToolPlan("named", tools, function_name=name, schema=named_schema(tool))
-
-
-def _named_function(choice: dict) -> str:
-    fn = choice.get("function")
-    if choice.get("type", "function") != "function" or not isinstance(fn, dict):
-        raise APIError(
-            f"Invalid value for `function`: `{fn}` in `tool_choice`! {NAMED_USAGE}", param="tool_choice"
-        )
-    name = fn.get("name")
-    if not isinstance(name, str) or not name:
-        raise APIError(
-            f"Expected field `name` in `function` in `tool_choice`! {NAMED_USAGE}", param="tool_choice"
-        )
-    return name
 
 
 def named_schema(tool: dict) -> dict:
