@@ -237,3 +237,17 @@ def test_free_request_unchanged_beside_constrained_ones(client):
         for f in others:
             f.result()
     assert beside == alone
+
+
+def test_an_invalid_grammar_is_a_400_and_the_server_keeps_serving(client):
+    import openai
+
+    model = client.models.list().data[0].id
+    for extra in ({"structured_outputs": {"regex": "[a-z"}}, {"guided_grammar": "root ::= undefined_rule"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=model, prompt="Hi", max_tokens=4, extra_body=extra)
+        assert e.value.status_code == 400 and "structured_outputs" in e.value.message
+    r = client.completions.create(
+        model=model, prompt="Hi", max_tokens=4, extra_body={"guided_choice": ["a", "b"]}
+    )
+    assert r.choices[0].text in ("a", "b")
