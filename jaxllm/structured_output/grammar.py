@@ -96,6 +96,11 @@ class GrammarCompiler:
     """Compiles and caches grammars for one model's tokenizer. Thread-safe: the server compiles on executor
     threads while the engine thread takes compiled grammars for new requests.
 
+    Two caches: by grammar text (what compiling costs), and by the request's StructuredOutputsParams
+    object, which travels unchanged from the server through the engine to the runner. The second keeps
+    `grammar_text` (tens to hundreds of microseconds for a JSON schema) off the engine thread, where the
+    runner asks for the grammar of every new constrained request.
+
     `vocab_size` is the model's (the bitmask's width): ids the tokenizer does not have are never allowed."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int] | None = None):
@@ -104,6 +109,8 @@ class GrammarCompiler:
         self.eos_token_ids = list(eos_token_ids or [])
         self._ll_tokenizer = None  # built at the first compile: a second of start-up nobody else needs
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        # id(params) -> (params, its grammar): the params are held, so their id is not reused meanwhile
+        self._by_params: OrderedDict[int, tuple[StructuredOutputsParams, CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -119,29 +126,49 @@ class GrammarCompiler:
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, **kwargs)
             return self._ll_tokenizer
 
+    def _seen(self, params: StructuredOutputsParams) -> CompiledGrammar | None:
+        with self._lock:
+            entry = self._by_params.get(id(params))
+            return entry[1] if entry is not None and entry[0] is params else None
+
+    def _lookup(self, params: StructuredOutputsParams, text: str) -> CompiledGrammar | None:
+        with self._lock:
+            hit = self._cache.get(text)
+            if hit is not None:
+                self._cache.move_to_end(text)
+                self._remember(params, hit)
+            return hit
+
+    def _remember(self, params: StructuredOutputsParams, compiled: CompiledGrammar) -> None:
+        """Under the lock."""
+        self._by_params[id(params)] = (params, compiled)
+        self._by_params.move_to_end(id(params))
+        while len(self._by_params) > _CACHE_SIZE:
+            self._by_params.popitem(last=False)
+
     def cached(self, params: StructuredOutputsParams) -> CompiledGrammar | None:
         """The compiled grammar if it is in the cache (never compiles)."""
+        hit = self._seen(params)
+        if hit is not None:
+            return hit
         try:
             text = grammar_text(params)
         except ValueError:
             return None
-        with self._lock:
-            hit = self._cache.get(text)
-            if hit is not None:
-                self._cache.move_to_end(text)
-            return hit
+        return self._lookup(params, text)
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
-        """The compiled grammar of `params`, from the cache or built now; ValueError naming
+        """The compiled grammar of `params`, from the caches or built now; ValueError naming
         structured_outputs when the schema, regex or grammar is not valid."""
         import llguidance
 
+        hit = self._seen(params)
+        if hit is not None:
+            return hit
         text = grammar_text(params)
-        with self._lock:
-            hit = self._cache.get(text)
-            if hit is not None:
-                self._cache.move_to_end(text)
-                return hit
+        hit = self._lookup(params, text)
+        if hit is not None:
+            return hit
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.ll_tokenizer)
         if failed:
             raise ValueError(
@@ -157,4 +184,5 @@ class GrammarCompiler:
             self._cache[text] = compiled
             while len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
+            self._remember(params, compiled)
         return compiled

@@ -90,8 +90,10 @@ class TokenConstraint:
         n = len(output_token_ids) + len(in_flight)
         if self.num_consumed >= n:
             return
-        new = list(output_token_ids[self.num_consumed :]) if self.num_consumed < len(output_token_ids) else []
-        new += list(in_flight[max(0, self.num_consumed - len(output_token_ids)) :])
+        done = len(output_token_ids)
+        new = list(output_token_ids[self.num_consumed :]) + list(
+            in_flight[max(0, self.num_consumed - done) :]
+        )
         # A token the mask allowed is always accepted; one it did not (a stop token the engine added,
         # max_tokens cutting a token short) puts the matcher in its error state, which allows only EOS.
         self.matcher.consume_tokens(new)

@@ -110,12 +110,20 @@ def test_invalid_grammars_name_structured_outputs(compiler, params):
         compiler.compile(params)
 
 
-def test_compiled_grammars_are_cached(compiler):
+def test_compiled_grammars_are_cached(compiler, monkeypatch):
     p = SO(json={"type": "object", "properties": {"x": {"type": "integer"}}})
     assert compiler.cached(p) is None
     first = compiler.compile(p)
     assert compiler.cached(SO(json=json.dumps(p.json))) is first  # same grammar text, same entry
     assert compiler.compile(p) is first
+    # the same params object again (it travels from the server to the runner): not even its text is rebuilt
+    import jaxllm.structured_output.grammar as grammar
+
+    def rebuilt(_):
+        raise AssertionError("grammar_text was computed again")
+
+    monkeypatch.setattr(grammar, "grammar_text", rebuilt)
+    assert compiler.compile(p) is first and compiler.cached(p) is first
 
 
 def test_exactly_one_constraint():
