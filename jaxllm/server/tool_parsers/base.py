@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from jaxllm.server.tool_parsers.call_scanner import CallScanner
+from jaxllm.server.tool_parsers.json_scanner import WHITESPACE
 
 
 @dataclass(slots=True)
@@ -185,3 +186,47 @@ class ToolParser:
         self._content_out.clear()
         self._calls_out = {}
         return out
+
+
+class CallRunParser(ToolParser):
+    """A format whose answer is call objects one after another (llama3_json, tool_choice "required"):
+    `_held` keeps what was read since the start or the last complete call, which is content if no call
+    follows; `_buf` is what is not read yet; `_state` is the subclass's, `TEXT` the one where everything
+    is content."""
+
+    TEXT: ClassVar[int]
+
+    def __init__(self, *, stream: bool = True) -> None:
+        super().__init__(stream=stream)
+        self._buf = ""
+        self._held = ""
+        self._scanner: CallScanner | None = None
+
+    def _hold_whitespace(self) -> None:
+        stripped = self._buf.lstrip(WHITESPACE)
+        self._held += self._buf[: len(self._buf) - len(stripped)]
+        self._buf = stripped
+
+    def _feed_held_call(self, final: bool, after: int) -> bool:
+        """Feeds the call object being read; a complete one moves to state `after`, a broken one (or the
+        end of the output) makes the rest content. False: wait for more text."""
+        s = self._scanner
+        n = self._feed_call(s, self._buf)
+        self._held += self._buf[:n]
+        self._buf = self._buf[n:]
+        if s.done:
+            self._end_call()
+            self._end_section()
+            self._held, self._state = "", after
+            return True
+        if s.broken or final:
+            if self._live is not None:  # it went out: keep it, the rest is content
+                self._live, self._held = None, ""
+            self._to_text()
+            return True
+        return False
+
+    def _to_text(self) -> None:
+        """No (further) call: what was held and everything after it is content."""
+        self._content(self._held)
+        self._held, self._state = "", self.TEXT

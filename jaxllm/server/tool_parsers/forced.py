@@ -10,24 +10,21 @@ content, and a stream keeps what it sent, as for the other parsers (base.py).
 
 from __future__ import annotations
 
-from jaxllm.server.tool_parsers.base import ToolCall, ToolParser, openai_call_id
+from jaxllm.server.tool_parsers.base import CallRunParser, ToolCall, openai_call_id
 from jaxllm.server.tool_parsers.call_scanner import CallScanner
-from jaxllm.server.tool_parsers.json_scanner import WHITESPACE
 
 _OPEN, _FIRST, _ITEM, _NEXT, _AFTER, _TEXT = range(6)
 
 
-class RequiredToolParser(ToolParser):
+class RequiredToolParser(CallRunParser):
     """A JSON array of {"name", "parameters"} objects, each one call."""
 
     name = "required"
+    TEXT = _TEXT
 
     def __init__(self, *, stream: bool = True) -> None:
         super().__init__(stream=stream)
-        self._buf = ""
         self._state = _OPEN
-        self._held = ""  # read since the start or the last complete call: content if no call follows
-        self._scanner: CallScanner | None = None
 
     def _consume(self, text: str, final: bool) -> None:
         self._buf += text
@@ -38,15 +35,13 @@ class RequiredToolParser(ToolParser):
                 self._buf = ""
                 return
             if s == _ITEM:
-                if not self._item(final):
+                if not self._feed_held_call(final, after=_NEXT):
                     return
                 continue
             if s == _AFTER:  # after "]": whatever follows is content
                 self._state = _TEXT
                 continue
-            stripped = self._buf.lstrip(WHITESPACE)
-            self._held += self._buf[: len(self._buf) - len(stripped)]
-            self._buf = stripped
+            self._hold_whitespace()
             if not self._buf:
                 if final:
                     self._to_text()
@@ -63,27 +58,6 @@ class RequiredToolParser(ToolParser):
                 self._held, self._state = "", _AFTER
             else:
                 self._to_text()
-
-    def _item(self, final: bool) -> bool:
-        s = self._scanner
-        n = self._feed_call(s, self._buf)
-        self._held += self._buf[:n]
-        self._buf = self._buf[n:]
-        if s.done:
-            self._end_call()
-            self._end_section()
-            self._held, self._state = "", _NEXT
-            return True
-        if s.broken or final:
-            if self._live is not None:
-                self._live, self._held = None, ""
-            self._to_text()
-            return True
-        return False
-
-    def _to_text(self) -> None:
-        self._content(self._held)
-        self._held, self._state = "", _TEXT
 
 
 class NamedToolParser:

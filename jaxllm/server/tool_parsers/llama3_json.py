@@ -11,26 +11,23 @@ dropped). `<|python_tag|>` is a special token: it reaches the text only with ski
 
 from __future__ import annotations
 
-from jaxllm.server.tool_parsers.base import ToolParser
+from jaxllm.server.tool_parsers.base import CallRunParser
 from jaxllm.server.tool_parsers.call_scanner import CallScanner
-from jaxllm.server.tool_parsers.json_scanner import WHITESPACE
 
 PYTHON_TAG = "<|python_tag|>"
 _LEAD, _CALL, _SEP, _TEXT = range(4)
 
 
-class Llama3JsonToolParser(ToolParser):
+class Llama3JsonToolParser(CallRunParser):
     name = "llama3_json"
     needs_special_tokens = True
     args_keys = ("parameters", "arguments")
+    TEXT = _TEXT
 
     def __init__(self, *, stream: bool = True) -> None:
         super().__init__(stream=stream)
-        self._buf = ""
         self._state = _LEAD
-        self._held = ""  # text read since the last call (or the start) that is content if no call follows
         self._tag_seen = False
-        self._scanner: CallScanner | None = None
 
     def _consume(self, text: str, final: bool) -> None:
         self._buf += text
@@ -40,13 +37,11 @@ class Llama3JsonToolParser(ToolParser):
                 self._buf = ""
                 return
             if self._state == _CALL:
-                if not self._call(final):
+                if not self._feed_held_call(final, after=_SEP):
                     return
                 continue
             # _LEAD or _SEP: whitespace, the tag (at the start) or `;` (between calls), then `{`.
-            stripped = self._buf.lstrip(WHITESPACE)
-            self._held += self._buf[: len(self._buf) - len(stripped)]
-            self._buf = stripped
+            self._hold_whitespace()
             if not self._buf:
                 if final:
                     self._to_text()
@@ -69,26 +64,3 @@ class Llama3JsonToolParser(ToolParser):
                 self._state, self._scanner = _CALL, CallScanner(self.args_keys, early=self.early)
                 continue
             self._to_text()
-
-    def _call(self, final: bool) -> bool:
-        """Feeds the call object; False: wait for more text."""
-        s = self._scanner
-        n = self._feed_call(s, self._buf)
-        self._held += self._buf[:n]
-        self._buf = self._buf[n:]
-        if s.done:
-            self._end_call()
-            self._end_section()
-            self._held, self._state = "", _SEP
-            return True
-        if s.broken or final:
-            if self._live is not None:  # it went out: keep it, the rest is content
-                self._live, self._held = None, ""
-            self._to_text()
-            return True
-        return False
-
-    def _to_text(self) -> None:
-        """No (further) call: what was held and everything after it is content."""
-        self._content(self._held)
-        self._held, self._state = "", _TEXT
