@@ -138,9 +138,9 @@ class ModelRunner:
             return None
         grammar = None
         if params.structured_outputs is not None:
-            if self.grammar_compiler is None:
-                raise ValueError("structured_outputs needs the model's tokenizer")
-            grammar = self.grammar_compiler.compile(params.structured_outputs)  # normally cached
+            # LLMEngine.prepare_request refused structured outputs for a model without a tokenizer
+            assert self.grammar_compiler is not None
+            grammar = self.grammar_compiler.compile(params.structured_outputs)  # cached by then
         return TokenConstraint.create(params, self.vocab_size, grammar, params.bad_words_token_ids)
 
     # ---- the jitted pieces ---------------------------------------------------------------------------
@@ -274,15 +274,16 @@ class ModelRunner:
             if sr.samples:
                 rows.append(st.sampling)
                 pending.append(st.num_in_flight)
-                if st.num_in_flight and st.sampling.constraint is not None:
+                c = st.sampling.constraint
+                if st.num_in_flight and c is not None and c.needs_last_token:
                     constrained.append(i)
                 st.num_in_flight += 1
                 rows_of[sr.req_id] = i
             else:
                 rows.append(None)
                 pending.append(0)
-        # Rows with token rules need the token the previous step is still sampling (their grammar consumes
-        # it before the mask is filled): read those back. The device has finished that sampler by the time
+        # Rows whose token rules depend on the tokens drawn so far need the one the previous step is still
+        # sampling (their grammar consumes it before the mask is filled): read those back. The device has finished that sampler by the time
         # it runs this step's forward pass, which it is doing meanwhile.
         in_flight_ids = None
         if constrained:

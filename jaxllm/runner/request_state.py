@@ -62,10 +62,6 @@ class RequestState:
         self.block_array[old:new] = block_ids
 
     @property
-    def constraint(self):
-        return self.sampling.constraint
-
-    @property
     def params(self):
         return self.sampling.params
 

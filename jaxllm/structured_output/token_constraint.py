@@ -82,6 +82,12 @@ class TokenConstraint:
     def needs_mask(self) -> bool:
         return self.matcher is not None or self.allowed is not None
 
+    @property
+    def needs_last_token(self) -> bool:
+        """The rules depend on the tokens drawn so far (a grammar, a bad word of several tokens): a step
+        needs the token still in flight before it can build this row's mask or banned ids."""
+        return self.matcher is not None or bool(self.bad_multi)
+
     def advance(self, output_token_ids: Sequence[int], in_flight: Sequence[int] = ()) -> None:
         """Feed the matcher the tokens drawn since it last saw the request: the collected outputs, then
         those still in flight (async scheduling: read back from the previous step's device output)."""

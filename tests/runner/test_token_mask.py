@@ -71,7 +71,9 @@ def test_metadata_of_token_rules():
 
 def test_bad_words_banned_after_their_prefix():
     c = TokenConstraint.create(SP(bad_words=["x"]), V, bad_words_token_ids=[[5], [8, 9], [1, 2, 3]])
-    assert c is not None and not c.needs_mask
+    assert c is not None and not c.needs_mask and c.needs_last_token  # a word of several tokens
+    assert not TokenConstraint.create(SP(bad_words=["x"]), V, bad_words_token_ids=[[5]]).needs_last_token
+    assert not TokenConstraint.create(SP(allowed_token_ids=[3]), V).needs_last_token
     assert c.banned_ids([], ()) == [5]
     assert c.banned_ids([4, 8], ()) == [5, 9]
     assert c.banned_ids([4], (8,)) == [5, 9]  # the prefix's last token still in flight
