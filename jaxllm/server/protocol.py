@@ -75,6 +75,7 @@ class CommonFields:
     user: str | None = None
     priority: int = 0
     prompt_logprobs: int | None = None  # asked for explicitly (vLLM's extra); returned in the response
+    constraint_field: str | None = None  # the field an output constraint came in, if any
 
 
 def _common(b: SamplingBody) -> CommonFields:
@@ -86,6 +87,7 @@ def _common(b: SamplingBody) -> CommonFields:
         user=b.user,
         priority=b.priority or 0,
         prompt_logprobs=b.prompt_logprobs,
+        constraint_field=b.structured_field,
     )
 
 

@@ -334,6 +334,7 @@ class SamplingBody(RequestModel):
     priority: int | None = None
 
     _structured: StructuredOutputsParams | None = PrivateAttr(default=None)
+    _structured_field: str | None = PrivateAttr(default=None)  # the field it came in
 
     @field_validator("prompt_logprobs")
     @classmethod
@@ -377,6 +378,7 @@ class SamplingBody(RequestModel):
             raise FieldError(
                 ", ".join(given), f"ask for {len(given)} output constraints; a request may give one"
             )
+        self._structured_field = given[0] if given else None
         if rf is not None:
             if rf.type == "json_object":
                 return StructuredOutputsParams(json_object=True)
@@ -396,6 +398,11 @@ class SamplingBody(RequestModel):
     @property
     def structured(self) -> StructuredOutputsParams | None:
         return self._structured
+
+    @property
+    def structured_field(self) -> str | None:
+        """The field the output constraint came in (response_format, structured_outputs, guided_*)."""
+        return self._structured_field
 
     def sampling_kwargs(self) -> dict:
         """SamplingParams keyword arguments; OpenAI's defaults for what the client left out."""

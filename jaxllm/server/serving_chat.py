@@ -71,7 +71,7 @@ def render_chat(state: ServerState, req: ChatRequest, tools: list[dict] | None =
 async def create_chat_completion(state: ServerState, body: dict, request) -> Response:
     req = parse_chat(body, state.max_logprobs)
     model = check_model(req.common.model, state.served_names)
-    plan = plan_tool_calls(tool_request(req, body), auto_tool_choice=state.auto_tool_choice)
+    plan = plan_tool_calls(tool_request(req), auto_tool_choice=state.auto_tool_choice)
     if plan.schema is not None:
         req.common.sampling["structured_outputs"] = StructuredOutputsParams(json=plan.schema)
     tool_parser = TOOL_PARSERS[state.tool_call_parser] if plan.mode == "auto" else None

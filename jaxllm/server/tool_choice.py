@@ -19,15 +19,6 @@ from typing import Any
 
 from jaxllm.server.errors import APIError
 
-# Fields that constrain the output as "required" and a named tool_choice do.
-CONSTRAINT_FIELDS = (
-    "response_format",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function without parameters takes {}
 AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 
@@ -39,22 +30,13 @@ class ToolRequest:
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None  # None: absent
     parallel_tool_calls: bool = True
-    constraint_field: str | None = None  # a CONSTRAINT_FIELDS entry the request also sets
+    constraint_field: str | None = None  # the field another output constraint came in, if any
 
 
-def tool_request(req, body: dict) -> ToolRequest:
-    """The tool fields of a parsed chat request (protocol_chat.py has checked their types), and which other
-    output constraint the raw body sets, if any."""
-    constraint = next((f for f in CONSTRAINT_FIELDS if _sets_constraint(f, body.get(f))), None)
-    return ToolRequest(req.tools, req.tool_choice, req.parallel_tool_calls, constraint)
-
-
-def _sets_constraint(name: str, value: Any) -> bool:
-    if value is None or value is False:
-        return False
-    if name == "response_format":
-        return not (isinstance(value, dict) and value.get("type") == "text")
-    return True
+def tool_request(req) -> ToolRequest:
+    """The tool fields of a parsed chat request (protocol_chat.py has checked their types), and the field
+    of the request's other output constraint, if any."""
+    return ToolRequest(req.tools, req.tool_choice, req.parallel_tool_calls, req.common.constraint_field)
 
 
 @dataclass(slots=True)

@@ -59,7 +59,7 @@ USER = [{"role": "user", "content": "What is the weather in Paris, and the time?
 
 def _plan(body: dict, auto: bool = True):
     body = {"messages": USER, **body}
-    return plan_tool_calls(tool_request(parse_chat(body), body), auto_tool_choice=auto)
+    return plan_tool_calls(tool_request(parse_chat(body)), auto_tool_choice=auto)
 
 
 def _error(body: dict, auto: bool = True) -> APIError:
