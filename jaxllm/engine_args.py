@@ -93,7 +93,12 @@ class EngineArgs:
         choices=DTYPES,
     )
     quantization: str | None = arg_field(
-        None, "gguf: the weights are a GGUF file's, dequantized", aliases=("-q",), choices=QUANTIZATIONS
+        None,
+        "how the weights are quantized; default: what the checkpoint's quantization_config says (awq, gptq, "
+        "compressed-tensors, fp8); fp8 on a float checkpoint quantizes it at load (FP8 weights and "
+        "activations); awq_marlin/gptq_marlin are accepted for awq/gptq; gguf: a GGUF file's own types",
+        aliases=("-q",),
+        choices=QUANTIZATIONS,
     )
     load_format: str = arg_field(
         "auto",

@@ -121,7 +121,7 @@ def test_combinations_that_need_the_model_are_rejected_at_resolution():
         ({"enable_prefix_caching": 1}, r"\(--enable-prefix-caching\) must be a bool"),
         ({"block_size": 7}, r"block_size=7 \(--block-size\) must be one of \[8, 16, 32, 64, 128\]"),
         ({"gpu_memory_utilization": 0.0}, r"\(--gpu-memory-utilization\) must be > 0.0"),
-        ({"quantization": "awq"}, r"quantization='awq' \(-.*must be one of \['gguf'\]"),
+        ({"quantization": "bitsandbytes"}, r"quantization='bitsandbytes' \(-.*must be one of \['fp8'"),
         ({"dtype": None}, r"dtype=None \(--dtype\) must be given"),
         ({"process_id": 1}, r"process_id=1 \(--process-id\) must be in \[0, num_processes=1\)"),
         ({"enforce_eager": True, "compile_ahead": True}, r"--enforce-eager.*--compile-ahead"),

@@ -136,7 +136,7 @@ def load_gguf_params(
     sharding_fn: ShardingFn | None = None,
     fused_groups: tuple = (),
 ) -> dict:
-    builder = ParamsBuilder(abstract, path, sharding_fn, fused_groups)
+    builder = ParamsBuilder(abstract, path, sharding_fn, fused_groups, arch.quant)
     for tensor in reader.tensors:
         mapped = gguf_name(tensor.name, arch)
         if mapped is None:

@@ -15,6 +15,7 @@ gets: half precision on the GPU). An explicit dtype always wins.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -34,6 +35,7 @@ from jaxllm.loader.params_builder import ShardingFn
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.presets import PRESETS, get_preset
 from jaxllm.models.registry import abstract_params, build_model, fused_groups
+from jaxllm.quantization.config import quant_scheme
 
 logger = logging.getLogger("jaxllm")
 
@@ -51,7 +53,16 @@ class LoadedModel:
 
     @property
     def dtype(self) -> jnp.dtype:
-        return jax.tree.leaves(self.params)[0].dtype
+        """The compute dtype: the float leaves' (a quantized model's weights are integer or fp8)."""
+        return next(
+            x.dtype
+            for x in jax.tree.leaves(self.params)
+            if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize > 1
+        )
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(x.nbytes for x in jax.tree.leaves(self.params))
 
 
 def resolve_dtype(requested: str, checkpoint_dtype: str) -> jnp.dtype:
@@ -119,7 +130,9 @@ def open_model(spec: ModelSpec, tp_size: int = 1) -> ModelSource:
     start = time.perf_counter()
     kind, path = source_kind(spec)
     cache = (
-        CheckpointCache(spec.checkpoint_dir, path, spec.dtype, layout=params_layout(tp_size))
+        CheckpointCache(
+            spec.checkpoint_dir, path, spec.dtype, layout=params_layout(tp_size, spec.quantization)
+        )
         if spec.checkpoint_dir and kind != "dummy"
         else None
     )
@@ -140,6 +153,12 @@ def open_model(spec: ModelSpec, tp_size: int = 1) -> ModelSource:
     else:
         hf_config = get_preset(path)
     arch = ModelArchConfig.from_hf(hf_config)
+    scheme = quant_scheme(hf_config, spec.quantization, path, dummy=kind == "dummy")
+    if spec.quantization == "gguf" and kind != "gguf":
+        raise ValueError(f"quantization='gguf' (--quantization) needs a .gguf file, got {path!r}")
+    if scheme is not None:
+        arch = dataclasses.replace(arch, quant=scheme)
+        logger.info("%s: quantized layers: %s", path, scheme.describe())
     return ModelSource(
         spec, kind, path, hf_config, arch, tp_size, cache, from_cache, reader, time.perf_counter() - start
     )
@@ -198,17 +217,20 @@ def load_weights(
     load_time = time.perf_counter() - start
     name = _model_name(spec, path)
     logger.info(
-        "loaded %s (%s, %s, %s) in %.2f s (weights %.2f s, tokenizer %.2f s alongside, %s)",
-        name, arch.architecture, kind, dtype.name, load_time, weights_s, tokenizer_s,
+        "loaded %s (%s, %s, %s%s) in %.2f s: %.2f GiB of weights (%.2f s, tokenizer %.2f s alongside, %s)",
+        name, arch.architecture, kind, dtype.name, f", {arch.quant.describe()}" if arch.quant else "",
+        load_time, sum(x.nbytes for x in jax.tree.leaves(params)) / 2**30, weights_s, tokenizer_s,
         "restored from orbax cache" if from_cache else "converted from the source",
     )  # fmt: skip
     return LoadedModel(module, params, arch, tokenizer, name, path, load_time, from_cache)
 
 
-def params_layout(tp_size: int) -> str:
+def params_layout(tp_size: int, quantization: str | None = None) -> str:
     """What a converted cache's tree depends on besides its source and dtype: the fused projections'
-    layout, which differs with the tensor-parallel size (models/fused_projections.py)."""
-    return f"fused-qkv-gate-up/tp{tp_size}"
+    layout, which differs with the tensor-parallel size (models/fused_projections.py), and the flag
+    that may quantize a float checkpoint at load."""
+    layout = f"fused-qkv-gate-up/tp{tp_size}"
+    return layout if quantization is None else f"{layout}/q-{quantization}"
 
 
 def _timed(fn, *args):

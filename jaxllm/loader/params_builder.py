@@ -6,6 +6,10 @@ caller drops its host copy. `finish()` checks nothing is missing and returns the
 
 Parts of a fused projection (the checkpoint's q/k/v or gate/up, models/fused_projections.py) are held
 until the layer's last part arrives, then fused into the model's one weight and placed like any other.
+A quantized layer's leaves (jaxllm/quantization/scheme.py) fuse the same way along N, except the two that
+describe the shared input: `perm` (the parts must agree) and a static `input_scale` (the largest wins, as
+in vLLM). A float `kernel` arriving for a layer the model holds quantized is quantized here, when the
+scheme says the checkpoint is to be quantized at load (`--quantization fp8`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import numpy as np
 from flax import traverse_util
 
 from jaxllm.models.fused_projections import FusedGroup, fuse_columns
+from jaxllm.quantization.quantize import quantize_fp8
+from jaxllm.quantization.scheme import QuantScheme
 
 # (path "layers_0/attn/o_proj/kernel", ShapeDtypeStruct) -> sharding or None (default device)
 ShardingFn = Callable[[str, jax.ShapeDtypeStruct], Any]
 
 _LAYER_PREFIX = re.compile(r"^(layers_\d+/)(.+)/([^/]+)$")
+_INPUT_LEAVES = ("perm", "input_scale")  # describe a fused layer's one input, not its parts' columns
 
 
 class ParamsBuilder:
@@ -34,7 +41,9 @@ class ParamsBuilder:
         source: str,
         sharding_fn: ShardingFn | None = None,
         fused_groups: tuple[FusedGroup, ...] = (),
+        quant: QuantScheme | None = None,
     ):
+        self.quant = quant
         self.expected = {"/".join(k): v for k, v in traverse_util.flatten_dict(abstract).items()}
         self.source = source
         self.sharding_fn = sharding_fn
@@ -46,6 +55,9 @@ class ParamsBuilder:
 
     def put(self, path: str, x: Any, transpose: bool = False, tensor_name: str | None = None) -> None:
         name = tensor_name or path
+        if path.endswith("/kernel") and self._quantized(path) and path not in self.expected:
+            self._quantize_at_load(path, x, transpose, name)
+            return
         m = _LAYER_PREFIX.match(path)
         if m and m.group(2) in self._parts:
             self._put_part(m.group(1), m.group(2), m.group(3), x, transpose, name)
@@ -57,6 +69,28 @@ class ParamsBuilder:
         want = self.expected[path]
         self._place(path, self._checked(x, tuple(want.shape), want.dtype, transpose, name))
 
+    def _quantized(self, kernel_path: str) -> bool:
+        return kernel_path.removesuffix("kernel") + "qweight" in self.expected or (
+            self._fused_path(kernel_path).removesuffix("kernel") + "qweight" in self.expected
+        )
+
+    def _fused_path(self, path: str) -> str:
+        m = _LAYER_PREFIX.match(path)
+        if m and m.group(2) in self._parts:
+            return f"{m.group(1)}{self._parts[m.group(2)][0].name}/{m.group(3)}"
+        return path
+
+    def _quantize_at_load(self, path: str, x: Any, transpose: bool, name: str) -> None:
+        if self.quant is None or not self.quant.online:
+            raise ValueError(
+                f"{self.source}: tensor {name!r} is a float weight, but the checkpoint's quantization "
+                f"({self.quant.describe() if self.quant else 'none'}) stores this layer quantized"
+            )
+        w = jnp.asarray(x)
+        w = w.T if transpose and w.ndim == 2 else w
+        for leaf, value in quantize_fp8(w).items():
+            self.put(path.removesuffix("kernel") + leaf, value, tensor_name=name)
+
     def _put_part(self, layer: str, module: str, leaf: str, x: Any, transpose: bool, name: str) -> None:
         group, i = self._parts[module]
         path = f"{layer}{group.name}/{leaf}"
@@ -66,12 +100,24 @@ class ParamsBuilder:
             )
         want = self.expected[path]
         part = group.parts[i]
-        shape = (*want.shape[:-1], part.heads * part.head_width)
+        shared = leaf in _INPUT_LEAVES
+        shape = tuple(want.shape) if shared else (*want.shape[:-1], part.heads * part.head_width)
         held = self._held.setdefault(path, {})
         held[i] = self._checked(x, shape, want.dtype, transpose, name)
         if len(held) == len(group.parts):
             del self._held[path]
-            self._place(path, fuse_columns(group, [held[j] for j in range(len(group.parts))]))
+            parts = [held[j] for j in range(len(group.parts))]
+            self._place(path, self._input_leaf(path, leaf, parts) if shared else fuse_columns(group, parts))
+
+    def _input_leaf(self, path: str, leaf: str, parts: list) -> Any:
+        if leaf == "input_scale":
+            return jnp.max(jnp.stack([jnp.asarray(p) for p in parts]))
+        if any(not np.array_equal(np.asarray(parts[0]), np.asarray(p)) for p in parts[1:]):
+            raise ValueError(
+                f"{self.source}: the parts of {path.rsplit('/', 1)[0]} reorder their inputs differently "
+                "(act-order g_idx); jaxllm fuses them and needs one order"
+            )
+        return parts[0]
 
     def _checked(self, x: Any, shape: tuple, dtype, transpose: bool, name: str) -> Any:
         """x transposed (if asked) and cast to `dtype`, after checking it has `shape` once transposed."""

@@ -2,11 +2,14 @@
 
 Each file is opened with `safe_open(framework="flax")` and read tensor by tensor: a tensor lands on the
 device, is cast/transposed there and placed by ParamsBuilder; only one checkpoint tensor is alive at a
-time besides the growing params tree, so the weights are never held twice.
+time besides the growing params tree, so the weights are never held twice. A quantized checkpoint's
+linear modules go through QuantizedModules (held until each module is complete, then converted to the
+canonical layout of jaxllm/quantization/scheme.py).
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -16,7 +19,9 @@ from safetensors import safe_open
 
 from jaxllm.loader.names import hf_name_mapper
 from jaxllm.loader.params_builder import ParamsBuilder, ShardingFn
+from jaxllm.loader.quantized_modules import QuantizedModules
 from jaxllm.models.config import ModelArchConfig
+from jaxllm.quantization.checkpoint_formats import packing_for
 
 
 def read_hf_config(folder: str) -> dict:
@@ -69,8 +74,10 @@ def load_safetensors_params(
     sharding_fn: ShardingFn | None = None,
     fused_groups: tuple = (),
 ) -> dict:
-    builder = ParamsBuilder(abstract, folder, sharding_fn, fused_groups)
+    builder = ParamsBuilder(abstract, folder, sharding_fn, fused_groups, arch.quant)
     mapper = hf_name_mapper(arch)
+    packing = packing_for(arch.quant) if arch.quant is not None else None
+    quantized = QuantizedModules(packing, builder, lambda n: mapper(n, arch), folder) if packing else None
     for path in safetensors_files(folder):
         try:
             handle = safe_open(path, framework="flax")
@@ -78,16 +85,24 @@ def load_safetensors_params(
             raise ValueError(f"cannot read weight file {path}: {e}") from None
         with handle as f:
             for name in f.keys():
+                if quantized is not None and quantized.claim(name, functools.partial(_read, f, name, path)):
+                    continue
                 mapped = mapper(name, arch)
                 if mapped is None:
                     continue
-                try:
-                    x = f.get_tensor(name)
-                except Exception as e:
-                    raise ValueError(f"cannot read tensor {name!r} from {path}: {e}") from None
+                x = _read(f, name, path)
                 builder.put(mapped[0], x, transpose=mapped[1], tensor_name=f"{os.path.basename(path)}:{name}")
                 del x
+    if quantized is not None:
+        quantized.finish()
     return builder.finish()
+
+
+def _read(f, name: str, path: str):
+    try:
+        return f.get_tensor(name)
+    except Exception as e:
+        raise ValueError(f"cannot read tensor {name!r} from {path}: {e}") from None
 
 
 def checkpoint_dtype(arch: ModelArchConfig) -> jnp.dtype:

@@ -8,7 +8,10 @@ GGUF metadata is first translated to an HF-style dict by jaxllm/loader/gguf_load
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxllm.quantization.scheme import QuantScheme
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
@@ -70,6 +73,9 @@ class ModelArchConfig:
     enable_bias: bool = True
     layer_norm_elementwise_affine: bool = True
     final_layer_norm: bool = True
+    # how the decoder layers' projections hold their weights (None: in the compute dtype); set by the
+    # loader from config.json's quantization_config or --quantization (jaxllm/quantization/)
+    quant: QuantScheme | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):

@@ -22,6 +22,8 @@ Parameter tree (kernels are [in, out]; H hidden, Nq/Nkv heads, D head dim, I int
   layers_{i}/mlp/down_proj/kernel   [I, H]       (row-parallel)
   norm/scale                        [H]
   lm_head/kernel                    [H, V]       (absent when tie_word_embeddings; vocab-parallel)
+With arch.quant (a quantized model), each projection's `kernel` is replaced by the scheme's leaves
+(qweight, scales, ...: jaxllm/quantization/scheme.py), laid out and fused the same way along N.
 S is the KV heads' slots: Nkv, or the tensor-parallel size N when N > Nkv (each device's K/V head, the one
 its query heads read). Checkpoints hold q/k/v and gate/up apart; the loader fuses them (vLLM's layout).
 Compute runs in the params' dtype; norm statistics, rotary and softmax in float32.
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 
 from jaxllm.layers.attention import paged_attention, paged_attention_qkv
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
+from jaxllm.layers.linear import linear
 from jaxllm.layers.norm import RMSNorm
 from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_freq
 from jaxllm.models.config import ModelArchConfig
@@ -95,6 +98,10 @@ class LlamaAttention(nn.Module):
     attn_backend: str = "reference"
     tp_size: int = 1  # shards of the fused q|k|v layout
 
+    @property
+    def use_kernels(self) -> bool:  # a GPU backend: quantized projections may run their Pallas GEMM
+        return self.attn_backend != "reference"
+
     @nn.compact
     def __call__(
         self,
@@ -107,7 +114,7 @@ class LlamaAttention(nn.Module):
         a = self.arch
         t = x.shape[0]
         group = qkv_group(a, self.tp_size)
-        qkv = nn.Dense(group.width, use_bias=a.attention_bias, name="qkv_proj")(x)
+        qkv = linear(group.width, a.attention_bias, a.quant, "qkv_proj", self.use_kernels)(x)
         kw = dict(sm_scale=a.head_dim**-0.5, backend=self.attn_backend, sliding_window=a.sliding_window)
         if not a.qk_norm:
             # q and k rotate in place inside the fused array, which attention reads as it is.
@@ -116,7 +123,9 @@ class LlamaAttention(nn.Module):
             period, count = heads.shape[1] // n, (a.num_heads + group.parts[1].slots(n)) // n
             heads = apply_rotary(heads, md.positions, inv_freq, attention_factor, rotated=(period, count))
             out, kv_cache = paged_attention_qkv(heads, kv_cache, md, num_q_heads=a.num_heads, **kw)
-            out = nn.Dense(a.hidden_size, use_bias=a.o_proj_bias, name="o_proj")(out.reshape(t, -1))
+            out = linear(a.hidden_size, a.o_proj_bias, a.quant, "o_proj", self.use_kernels)(
+                out.reshape(t, -1)
+            )
             return out, kv_cache
         q, k, v = split_columns(group, qkv)
         q = q.reshape(t, a.num_heads, a.head_dim)
@@ -128,21 +137,23 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q, md.positions, inv_freq, attention_factor)
         k = apply_rotary(k, md.positions, inv_freq, attention_factor)
         out, kv_cache = paged_attention(q, k, v, kv_cache, md, **kw)
-        out = nn.Dense(a.hidden_size, use_bias=a.o_proj_bias, name="o_proj")(out.reshape(t, -1))
+        out = linear(a.hidden_size, a.o_proj_bias, a.quant, "o_proj", self.use_kernels)(out.reshape(t, -1))
         return out, kv_cache
 
 
 class LlamaMLP(nn.Module):
     arch: ModelArchConfig
     tp_size: int = 1  # shards of the fused gate|up layout
+    use_kernels: bool = False  # quantized projections may run their Pallas GEMM (a GPU backend)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [T, H] -> [T, H]
         a = self.arch
         act = ACTIVATIONS[a.hidden_act]
         group = gate_up_group(a, self.tp_size)
-        gate, up = split_columns(group, nn.Dense(group.width, use_bias=a.mlp_bias, name="gate_up_proj")(x))
-        return nn.Dense(a.hidden_size, use_bias=a.mlp_bias, name="down_proj")(act(gate) * up)
+        gate_up = linear(group.width, a.mlp_bias, a.quant, "gate_up_proj", self.use_kernels)(x)
+        gate, up = split_columns(group, gate_up)
+        return linear(a.hidden_size, a.mlp_bias, a.quant, "down_proj", self.use_kernels)(act(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -161,7 +172,7 @@ class LlamaDecoderLayer(nn.Module):
             attention_factor,
         )
         x = x + h
-        x = x + LlamaMLP(a, self.tp_size, name="mlp")(
+        x = x + LlamaMLP(a, self.tp_size, self.attn_backend != "reference", name="mlp")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x)
         )
         return x, kv_cache

@@ -22,6 +22,7 @@ import jax
 
 from jaxllm.layers.attention import paged_attention
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
+from jaxllm.layers.linear import linear
 from jaxllm.layers.norm import LayerNorm
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.layer_trace import call_layer
@@ -38,7 +39,7 @@ class OPTAttention(nn.Module):
     def __call__(self, x, kv_cache: KVCache, md: AttentionMetadata):  # x: [T, H]
         a = self.arch
         t = x.shape[0]
-        dense = lambda name: nn.Dense(a.hidden_size, use_bias=a.enable_bias, name=name)
+        dense = lambda name: linear(a.hidden_size, a.enable_bias, a.quant, name)
         q = dense("q_proj")(x).reshape(t, a.num_heads, a.head_dim)
         k = dense("k_proj")(x).reshape(t, a.num_heads, a.head_dim)
         v = dense("v_proj")(x).reshape(t, a.num_heads, a.head_dim)
@@ -54,8 +55,8 @@ class OPTMLP(nn.Module):
     @nn.compact
     def __call__(self, x):  # [T, H] -> [T, H]
         a = self.arch
-        h = ACTIVATIONS[a.hidden_act](nn.Dense(a.intermediate_size, use_bias=a.enable_bias, name="fc1")(x))
-        return nn.Dense(a.hidden_size, use_bias=a.enable_bias, name="fc2")(h)
+        h = ACTIVATIONS[a.hidden_act](linear(a.intermediate_size, a.enable_bias, a.quant, "fc1")(x))
+        return linear(a.hidden_size, a.enable_bias, a.quant, "fc2")(h)
 
 
 class OPTDecoderLayer(nn.Module):

@@ -16,6 +16,7 @@ from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.llama import LlamaForCausalLM
 from jaxllm.models.opt import OPTForCausalLM
+from jaxllm.quantization.scheme import FLOAT32_LEAVES
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -83,7 +84,7 @@ def dummy_inputs(
 
 
 def abstract_params(module: nn.Module, dtype: jnp.dtype) -> dict:
-    """Pytree of ShapeDtypeStruct (every leaf in `dtype`) with the module's parameter paths.
+    """Pytree of ShapeDtypeStruct (float leaves in `dtype`) with the module's parameter paths.
 
     The decoder layers `layers_{i}` all have one layer's parameters, so only a one-layer model is traced
     (`init` traces every layer's Python, a second of a large model's load) and its `layers_0` is shared."""
@@ -94,4 +95,13 @@ def abstract_params(module: nn.Module, dtype: jnp.dtype) -> dict:
     shapes = dict(shapes)
     layer = shapes.pop("layers_0")
     shapes.update({f"layers_{i}": layer for i in range(arch.num_layers)})
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(dtype)), shapes)
+    return jax.tree_util.tree_map_with_path(lambda path, s: _leaf_struct(path, s, dtype), shapes)
+
+
+def _leaf_struct(path, s: jax.ShapeDtypeStruct, dtype) -> jax.ShapeDtypeStruct:
+    """Float leaves take the model's dtype; a quantized layer's integer/fp8 weights keep theirs, and its
+    W8A8 scales stay float32 (they multiply an f32 accumulator)."""
+    name = path[-1].key
+    if s.dtype != jnp.float32 or name in FLOAT32_LEAVES:
+        return jax.ShapeDtypeStruct(s.shape, s.dtype)
+    return jax.ShapeDtypeStruct(s.shape, jnp.dtype(dtype))

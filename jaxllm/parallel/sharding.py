@@ -6,6 +6,9 @@ Rules go by parameter path (see the tree in jaxllm/models/llama.py and opt.py):
     k_proj, v_proj (OPT's separate ones: N must divide
     their heads), fc1 (kernel [in, out], bias [out])
   o_proj, down_proj, fc2 (kernel [in, out])          row-parallel: in split              P(tp, None)
+  quantized layers (jaxllm/quantization/scheme.py):  qweight, scales, zeros, weight_scale as the kernel
+    along N; a row-parallel layer's group scales/zeros [K/g, N] split with K (whole groups per device),
+    per-channel ones [1, N] / [N] replicated; perm and input_scale replicated (XLA gathers x for perm)
   embed_tokens/embedding [V, E], lm_head/kernel      vocab-parallel (replicated, with a warning, when N
     [E, V]                                           does not divide V)
   everything else (norms, row-parallel biases, OPT   replicated                          P()
@@ -34,9 +37,12 @@ from jaxllm.parallel.mesh import TP_AXIS
 
 logger = logging.getLogger("jaxllm")
 
-_COLUMN = re.compile(r"(^|/)(qkv_proj|gate_up_proj|q_proj|gate_proj|up_proj|fc1)/(kernel|bias)$")
-_KV = re.compile(r"(^|/)(k_proj|v_proj)/(kernel|bias)$")  # separate K/V: column-parallel, N divides Hkv
-_ROW = re.compile(r"(^|/)(o_proj|down_proj|fc2)/kernel$")
+# a projection's leaves whose last axis is its output N (a quantized layer's too: scheme.py)
+_N_LEAVES = "kernel|bias|qweight|scales|zeros|weight_scale"
+_COLUMN = re.compile(rf"(^|/)(qkv_proj|gate_up_proj|q_proj|gate_proj|up_proj|fc1)/({_N_LEAVES})$")
+_KV = re.compile(rf"(^|/)(k_proj|v_proj)/({_N_LEAVES})$")  # separate K/V: column-parallel, N divides Hkv
+_ROW = re.compile(r"(^|/)(o_proj|down_proj|fc2)/(kernel|qweight)$")
+_ROW_GROUPS = re.compile(r"(^|/)(o_proj|down_proj|fc2)/(scales|zeros)$")  # [K/g, N]: groups split with K
 _VOCAB_ROWS = re.compile(r"(^|/)embed_tokens/embedding$")
 _VOCAB_COLS = re.compile(r"(^|/)lm_head/kernel$")
 
@@ -74,6 +80,15 @@ def param_partition_spec(path: str, ndim: int, shape: tuple[int, ...], arch: Mod
             )
         return P(None, TP_AXIS) if ndim == 2 else P(TP_AXIS)
     if _ROW.search(path):
+        return P(TP_AXIS, None)
+    if _ROW_GROUPS.search(path):
+        if shape[0] == 1:  # one scale per output channel: every shard needs all of them
+            return P()
+        if shape[0] % n:
+            raise ValueError(
+                f"{path}: {shape[0]} quantization groups along the input do not split over "
+                f"tensor_parallel_size={n}; each shard needs whole groups"
+            )
         return P(TP_AXIS, None)
     vocab_rows, vocab_cols = _VOCAB_ROWS.search(path), _VOCAB_COLS.search(path)
     if vocab_rows or vocab_cols:

@@ -1,0 +1,119 @@
+"""`linear(...)`: the models' projection layer, plain or quantized by a `QuantScheme`.
+
+Without a scheme it is `nn.Dense` (the same "kernel"/"bias" params and numerics). With one,
+`QuantizedLinear` declares
+the scheme's leaves (jaxllm/quantization/scheme.py) and computes:
+
+  W8A8 (fp8 | int8)   x -> per-token scale s_x = max|x| / qmax (or the static input_scale) -> x_q ->
+                      dot(x_q, qweight) accumulated in f32 (fp8: cuBLASLt's FP8 GEMM on Hopper; int8: an
+                      int32 GEMM) -> * s_x[:, None] * weight_scale[None, :]
+  W8A16               per-channel: dot(x, qweight as x.dtype) * scales (the scale after the GEMM, which
+                      XLA fuses with the convert); grouped: dequantize, then dot
+  W4A16               the Pallas GEMM (jaxllm/kernels/w4a16_matmul.py) for small batches on the GPU, which
+                      reads the 4-bit weight once and dequantizes in registers; otherwise (prefill, the
+                      CPU, a mesh) dequantize, then dot, where the dequantization is paid once per GEMM
+
+The plain-jnp `dequantize` of each layout is what tests compare against.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxllm.quantization.scheme import FP8_DTYPE, FP8_MAX, QuantScheme
+
+INT8_MAX = 127.0
+
+
+def unpack_int4(qweight: jax.Array) -> jax.Array:  # u8[K/2, N] -> u8[K, N]
+    lo = qweight & 0xF
+    hi = qweight >> 4
+    return jnp.stack([lo, hi], axis=1).reshape(qweight.shape[0] * 2, qweight.shape[1])
+
+
+def dequantize(params: dict, scheme: QuantScheme, dtype) -> jax.Array:
+    """The float weight [K, N] a layer's quantized leaves stand for (rows in perm order with act_order)."""
+    q = params["qweight"]
+    if scheme.weights == "int4":
+        q = unpack_int4(q)
+    k, n = q.shape
+    if not scheme.weight_only:
+        return (q.astype(jnp.float32) * params["weight_scale"][None, :]).astype(dtype)
+    scales = params["scales"].astype(dtype)
+    g = k // scales.shape[0]
+    w = q.astype(dtype).reshape(k // g, g, n)
+    if scheme.weights == "int4":
+        w = w - params["zeros"].astype(dtype)[:, None, :]
+    return (w * scales[:, None, :]).reshape(k, n)
+
+
+def quantize_activations(x: jax.Array, kind: str, input_scale: jax.Array | None):
+    """(x_q [T, K], s_x f32[T, 1]): per-token symmetric scales, or the static per-tensor one."""
+    qmax, qdtype = (FP8_MAX, FP8_DTYPE) if kind == "fp8" else (INT8_MAX, jnp.int8)
+    xf = x.astype(jnp.float32)
+    if input_scale is None:
+        s = jnp.maximum(jnp.max(jnp.abs(xf), axis=-1, keepdims=True), 1e-12) / qmax
+    else:
+        s = jnp.broadcast_to(input_scale.astype(jnp.float32), (x.shape[0], 1))
+    xs = jnp.clip(xf / s, -qmax, qmax)
+    if kind == "int8":
+        xs = jnp.round(xs)
+    return xs.astype(qdtype), s
+
+
+def quantized_matmul(x: jax.Array, params: dict, scheme: QuantScheme, use_kernel: bool = False) -> jax.Array:
+    """y [T, N] = x [T, K] @ the layer's weight, in x's dtype."""
+    dtype = x.dtype
+    if "perm" in params:
+        x = jnp.take(x, params["perm"], axis=-1)
+    if not scheme.weight_only:
+        xq, sx = quantize_activations(x, scheme.activations, params.get("input_scale"))
+        acc_type = jnp.int32 if scheme.activations == "int8" else jnp.float32
+        acc = jnp.dot(xq, params["qweight"], preferred_element_type=acc_type).astype(jnp.float32)
+        return (acc * sx * params["weight_scale"][None, :]).astype(dtype)
+    if scheme.weights == "int4" and use_kernel:
+        from jaxllm.kernels.w4a16_matmul import w4a16_matmul
+
+        return w4a16_matmul(x, params["qweight"], params["scales"], params["zeros"])
+    if scheme.weights != "int4" and params["scales"].shape[0] == 1:
+        y = jnp.dot(x, params["qweight"].astype(dtype), preferred_element_type=jnp.float32)
+        return (y * params["scales"][0].astype(jnp.float32)).astype(dtype)
+    w = dequantize(params, scheme, dtype)
+    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype)
+
+
+# Rows up to which the W4A16 Pallas GEMM beats dequantize-then-dot (decode batches); above it the
+# dequantized tile is reused by enough rows that XLA's GEMM wins.
+W4A16_KERNEL_MAX_ROWS = 256
+
+
+class QuantizedLinear(nn.Module):
+    features: int
+    quant: QuantScheme
+    use_bias: bool = False
+    use_kernels: bool = False  # the W4A16 Pallas GEMM may run (a GPU attention backend, no mesh)
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [T, K] -> [T, N]
+        # float leaves are declared float32 and take the model's dtype in the loader's abstract tree
+        # (jaxllm/models/registry.py), except the W8A8 scales, which stay float32
+        shapes = self.quant.param_shapes(x.shape[-1], self.features, jnp.float32)
+        params = {
+            name: self.param(name, nn.initializers.zeros_init(), s, d) for name, (s, d) in shapes.items()
+        }
+        use_kernel = self.use_kernels and x.shape[0] <= W4A16_KERNEL_MAX_ROWS
+        y = quantized_matmul(x, params, self.quant, use_kernel)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32).astype(
+                y.dtype
+            )
+        return y
+
+
+def linear(features: int, use_bias: bool, quant: QuantScheme | None, name: str, use_kernels: bool = False):
+    """The projection `name`: nn.Dense (params kernel [K, N], bias) without a scheme, else QuantizedLinear."""
+    if quant is None:
+        return nn.Dense(features, use_bias=use_bias, name=name)
+    return QuantizedLinear(features, quant, use_bias, use_kernels, name=name)

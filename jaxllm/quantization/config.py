@@ -1,0 +1,222 @@
+"""config.json's `quantization_config` and `--quantization` -> the model's `QuantScheme` (or None).
+
+As in vLLM, the method is detected from the checkpoint (the flag is then optional); a flag that names a
+different method than the checkpoint's is an error, and `--quantization fp8` on a float checkpoint
+quantizes it at load. Every layout jaxllm cannot serve is refused with the method and the field that
+says so — a checkpoint is never served as something it is not.
+
+  quant_method "awq"                 version gemm, 4 bits, zero_point -> int4 W4A16 (AWQ packing)
+  quant_method "gptq"                4 bits, group_size, desc_act, sym, checkpoint_format gptq|gptq_v2
+                                     -> int4 W4A16 (GPTQ packing)
+  quant_method "compressed-tensors"  one config group of Linear layers, ignore = lm_head:
+                                       float 8 weights (+ float 8 inputs)      -> fp8 W8A8 (or W8A16)
+                                       int 8 weights (+ int 8 inputs)          -> int8 W8A8 (or W8A16)
+                                       int 4 weights, pack-quantized           -> int4 W4A16
+  quant_method "fp8"                 per-tensor weight scales, activation_scheme dynamic|static -> fp8 W8A8
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxllm.quantization.scheme import QuantScheme, online_fp8
+
+# --quantization values that name a checkpoint method, and the checkpoint method each accepts (vLLM's
+# *_marlin names select a kernel of the same format: here the same path)
+FLAG_METHODS = {
+    "awq": "awq",
+    "awq_marlin": "awq",
+    "gptq": "gptq",
+    "gptq_marlin": "gptq",
+    "compressed-tensors": "compressed-tensors",
+    "fp8": "fp8",
+}
+# the method each flag means for random weights (--load-format dummy), which have no config to read
+DUMMY_SCHEMES = {
+    "fp8": online_fp8(),
+    "awq": QuantScheme("awq", "int4", group_size=128),
+    "gptq": QuantScheme("gptq", "int4", group_size=128),
+    "compressed-tensors": QuantScheme("compressed-tensors", "int4", group_size=128),
+}
+
+
+CT = "compressed-tensors"
+
+
+class QuantConfigError(ValueError):
+    pass
+
+
+def quant_scheme(hf_config: dict, flag: str | None, where: str, dummy: bool = False) -> QuantScheme | None:
+    """The scheme of the model described by `hf_config` (config.json) under `--quantization flag`;
+    `where` names the checkpoint in errors; `dummy`: random weights, shaped by the flag's method."""
+    qc = hf_config.get("quantization_config") or hf_config.get("compression_config")
+    if flag == "gguf":
+        return None  # a GGUF file's own types decide (jaxllm/loader/gguf_loader.py)
+    if qc is None:
+        if flag is None:
+            return None
+        method = FLAG_METHODS[flag]
+        if method == "fp8":
+            return online_fp8()
+        if dummy:
+            return DUMMY_SCHEMES[method]
+        raise QuantConfigError(
+            f"quantization={flag!r} (--quantization) needs a checkpoint quantized with {method}, but "
+            f"{where}/config.json has no quantization_config; only fp8 quantizes a float checkpoint at load"
+        )
+    if not isinstance(qc, dict) or "quant_method" not in qc:
+        raise QuantConfigError(f"{where}/config.json: quantization_config has no quant_method")
+    method = str(qc["quant_method"])
+    parse = _PARSERS.get(method)
+    if parse is None:
+        raise QuantConfigError(
+            f"{where}/config.json: quantization_config.quant_method={method!r} is not supported; "
+            f"supported: {', '.join(_PARSERS)}"
+        )
+    if flag is not None and FLAG_METHODS[flag] != method:
+        raise QuantConfigError(
+            f"quantization={flag!r} (--quantization) does not match the checkpoint's "
+            f"quantization_config.quant_method={method!r} in {where}/config.json; leave the flag out or "
+            f"give {method!r}"
+        )
+    return parse(qc, f"{where}/config.json: quantization_config")
+
+
+def _bad(where: str, field: str, value: Any, why: str) -> QuantConfigError:
+    return QuantConfigError(f"{where}.{field}={value!r}: {why}")
+
+
+def _group(value: Any, where: str, field: str) -> int | None:
+    if value in (None, -1, 0):
+        return None
+    g = int(value)
+    if g < 2 or g % 2:
+        raise _bad(where, field, value, "jaxllm serves even group sizes >= 2, or -1 (per channel)")
+    return g
+
+
+def _awq(qc: dict, where: str) -> QuantScheme:
+    bits = qc.get("bits", qc.get("w_bit"))
+    if bits != 4:
+        raise _bad(where, "bits", bits, "AWQ is served with 4-bit weights only")
+    version = str(qc.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise _bad(
+            where, "version", version, "only AWQ's GEMM packing is served (gemv/marlin/exllama are not)"
+        )
+    if not qc.get("zero_point", True):
+        raise _bad(where, "zero_point", False, "AWQ without zero points is not served")
+    if qc.get("modules_to_not_convert"):
+        raise _bad(
+            where, "modules_to_not_convert", qc["modules_to_not_convert"],
+            "layers left in float inside the decoder are not served",
+        )  # fmt: skip
+    g = _group(qc.get("group_size", qc.get("q_group_size")), where, "group_size")
+    return QuantScheme("awq", "int4", group_size=g, packing="awq")
+
+
+def _gptq(qc: dict, where: str) -> QuantScheme:
+    if qc.get("bits") != 4:
+        raise _bad(where, "bits", qc.get("bits"), "GPTQ is served with 4-bit weights only")
+    fmt = qc.get("checkpoint_format", "gptq")
+    if fmt not in ("gptq", "gptq_v2"):
+        raise _bad(where, "checkpoint_format", fmt, "only the gptq and gptq_v2 packings are served")
+    if qc.get("modules_in_block_to_quantize") or qc.get("dynamic"):
+        raise _bad(
+            where, "dynamic" if qc.get("dynamic") else "modules_in_block_to_quantize",
+            qc.get("dynamic") or qc.get("modules_in_block_to_quantize"),
+            "per-layer GPTQ settings are not served",
+        )  # fmt: skip
+    g = _group(qc.get("group_size"), where, "group_size")
+    act_order = bool(qc.get("desc_act", False))
+    sym = bool(qc.get("sym", True))
+    return QuantScheme("gptq", "int4", group_size=g, act_order=act_order, packing=fmt, symmetric=sym)
+
+
+def _fp8(qc: dict, where: str) -> QuantScheme:
+    if qc.get("weight_block_size"):
+        raise _bad(
+            where, "weight_block_size", qc["weight_block_size"],
+            "block-wise FP8 scales are not served; per-tensor FP8 checkpoints are",
+        )  # fmt: skip
+    scheme = qc.get("activation_scheme", "dynamic")
+    if scheme not in ("dynamic", "static"):
+        raise _bad(where, "activation_scheme", scheme, "must be dynamic or static")
+    if qc.get("ignored_layers") or qc.get("modules_to_not_convert"):
+        field = "ignored_layers" if qc.get("ignored_layers") else "modules_to_not_convert"
+        raise _bad(where, field, qc[field], "layers left in float inside the decoder are not served")
+    return QuantScheme("fp8", "fp8", "fp8", static_input_scale=scheme == "static", packing="fp8")
+
+
+def _ignored_ok(ignore: list) -> bool:
+    return all(str(name).removeprefix("re:").lstrip(".*") in ("lm_head", "lm_head$") for name in ignore)
+
+
+def _compressed_tensors(qc: dict, where: str) -> QuantScheme:
+    groups = qc.get("config_groups") or {}
+    if len(groups) != 1:
+        raise _bad(where, "config_groups", sorted(groups), "exactly one group of Linear layers is served")
+    ((gname, group),) = groups.items()
+    gwhere = f"{where}.config_groups.{gname}"
+    targets = group.get("targets") or []
+    if targets != ["Linear"]:
+        raise _bad(gwhere, "targets", targets, 'only ["Linear"] (every linear layer) is served')
+    ignore = qc.get("ignore") or []
+    if not _ignored_ok(ignore):
+        raise _bad(where, "ignore", ignore, "only lm_head may stay unquantized")
+    fmt = group.get("format") or qc.get("format")
+    w, a = group.get("weights") or {}, group.get("input_activations")
+    wtype, bits = w.get("type"), w.get("num_bits")
+    kind = {("float", 8): "fp8", ("int", 8): "int8", ("int", 4): "int4"}.get((wtype, bits))
+    if kind is None:
+        raise _bad(gwhere, "weights", {"type": wtype, "num_bits": bits}, "served: float 8, int 8, int 4")
+    if w.get("dynamic"):
+        raise _bad(gwhere, "weights.dynamic", True, "weights must be quantized ahead")
+    want_fmt = {"fp8": "float-quantized", "int8": "int-quantized", "int4": "pack-quantized"}[kind]
+    if fmt not in (want_fmt, "naive-quantized") or (kind == "int4" and fmt != "pack-quantized"):
+        raise _bad(where, "format", fmt, f"{wtype} {bits}-bit weights are served in the {want_fmt} format")
+    strategy = w.get("strategy")
+    symmetric = w.get("symmetric", True)
+    if kind != "int4" and not symmetric:
+        raise _bad(gwhere, "weights.symmetric", False, "8-bit weights are served symmetric only")
+    if strategy not in ("channel", "group", "tensor"):
+        raise _bad(gwhere, "weights.strategy", strategy, "served: channel, group, tensor")
+    g = _group(w.get("group_size"), gwhere, "weights.group_size") if strategy == "group" else None
+    actorder = w.get("actorder")
+    if actorder not in (None, "weight", "group", "static", "dynamic", False):
+        raise _bad(gwhere, "weights.actorder", actorder, "served: null, weight, group")
+    act_order = actorder in ("group", "dynamic")  # these keep the g_idx of each input row
+    if a is None:
+        if kind == "int4":
+            return QuantScheme(
+                CT, "int4", group_size=g, act_order=act_order, packing=CT, symmetric=bool(symmetric)
+            )
+        return QuantScheme("compressed-tensors", kind, group_size=g, packing=CT)
+    akind = {("float", 8): "fp8", ("int", 8): "int8"}.get((a.get("type"), a.get("num_bits")))
+    if akind != kind:
+        raise _bad(
+            gwhere, "input_activations", {"type": a.get("type"), "num_bits": a.get("num_bits")},
+            f"served with {wtype} {bits}-bit weights: none, or the same type",
+        )  # fmt: skip
+    if g is not None:
+        raise _bad(
+            gwhere, "weights.strategy", strategy, "W8A8 is served with channel or tensor weight scales"
+        )
+    if not a.get("symmetric", True):
+        raise _bad(gwhere, "input_activations.symmetric", False, "activations are quantized symmetric only")
+    dynamic, astrategy = bool(a.get("dynamic")), a.get("strategy")
+    if not ((dynamic and astrategy == "token") or (not dynamic and astrategy == "tensor")):
+        raise _bad(
+            gwhere, "input_activations", {"dynamic": dynamic, "strategy": astrategy},
+            "served: dynamic per token, or static per tensor",
+        )  # fmt: skip
+    return QuantScheme("compressed-tensors", kind, kind, static_input_scale=not dynamic, packing=CT)
+
+
+_PARSERS = {
+    "awq": _awq,
+    "gptq": _gptq,
+    "compressed-tensors": _compressed_tensors,
+    "fp8": _fp8,
+}
