@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jaxllm.quantization.scheme import QuantScheme
+    from jaxllm.quantization.scheme import LayerQuant, QuantScheme
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
@@ -76,6 +76,8 @@ class ModelArchConfig:
     # how the decoder layers' projections hold their weights (None: in the compute dtype); set by the
     # loader from config.json's quantization_config or --quantization (jaxllm/quantization/)
     quant: QuantScheme | None = None
+    # per decoder layer, when the checkpoint's layers differ (GGUF types vary by tensor); overrides quant
+    layer_quant: tuple[LayerQuant, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):

@@ -22,7 +22,7 @@ Parameter tree (kernels are [in, out]; H hidden, Nq/Nkv heads, D head dim, I int
   layers_{i}/mlp/down_proj/kernel   [I, H]       (row-parallel)
   norm/scale                        [H]
   lm_head/kernel                    [H, V]       (absent when tie_word_embeddings; vocab-parallel)
-With arch.quant (a quantized model), each projection's `kernel` is replaced by the scheme's leaves
+With arch.quant or arch.layer_quant (a quantized model), a projection's `kernel` is replaced by its scheme's leaves
 (qweight, scales, ...: jaxllm/quantization/scheme.py), laid out and fused the same way along N.
 S is the KV heads' slots: Nkv, or the tensor-parallel size N when N > Nkv (each device's K/V head, the one
 its query heads read). Checkpoints hold q/k/v and gate/up apart; the loader fuses them (vLLM's layout).
@@ -43,6 +43,7 @@ from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_fr
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.fused_projections import FusedGroup, FusedPart, split_columns
 from jaxllm.models.layer_trace import call_layer
+from jaxllm.quantization.scheme import LayerQuant
 
 ACTIVATIONS = {
     "silu": jax.nn.silu,
@@ -72,6 +73,10 @@ def gate_up_group(a: ModelArchConfig, shards: int = 1) -> FusedGroup:
     return FusedGroup("mlp/gate_up_proj", parts, shards)
 
 
+def layer_quant(a: ModelArchConfig, i: int) -> LayerQuant:
+    return a.layer_quant[i] if a.layer_quant is not None else LayerQuant(a.quant)
+
+
 def sequence_lengths(md: AttentionMetadata, num_tokens: int) -> jax.Array:  # i32[T]
     """Context length of the sequence each token belongs to (0 for padding rows)."""
     rows = jnp.arange(num_tokens, dtype=jnp.int32)
@@ -97,6 +102,7 @@ class LlamaAttention(nn.Module):
     arch: ModelArchConfig
     attn_backend: str = "reference"
     tp_size: int = 1  # shards of the fused q|k|v layout
+    quant: LayerQuant = LayerQuant()  # the layer's projections' schemes
 
     @property
     def use_kernels(self) -> bool:  # a GPU backend: quantized projections may run their Pallas GEMM
@@ -114,7 +120,9 @@ class LlamaAttention(nn.Module):
         a = self.arch
         t = x.shape[0]
         group = qkv_group(a, self.tp_size)
-        qkv = linear(group.width, a.attention_bias, a.quant, "qkv_proj", self.use_kernels)(x)
+        qkv = linear(group.width, a.attention_bias, self.quant.get("qkv_proj"), "qkv_proj", self.use_kernels)(
+            x
+        )
         kw = dict(sm_scale=a.head_dim**-0.5, backend=self.attn_backend, sliding_window=a.sliding_window)
         if not a.qk_norm:
             # q and k rotate in place inside the fused array, which attention reads as it is.
@@ -123,7 +131,7 @@ class LlamaAttention(nn.Module):
             period, count = heads.shape[1] // n, (a.num_heads + group.parts[1].slots(n)) // n
             heads = apply_rotary(heads, md.positions, inv_freq, attention_factor, rotated=(period, count))
             out, kv_cache = paged_attention_qkv(heads, kv_cache, md, num_q_heads=a.num_heads, **kw)
-            out = linear(a.hidden_size, a.o_proj_bias, a.quant, "o_proj", self.use_kernels)(
+            out = linear(a.hidden_size, a.o_proj_bias, self.quant.get("o_proj"), "o_proj", self.use_kernels)(
                 out.reshape(t, -1)
             )
             return out, kv_cache
@@ -137,7 +145,9 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q, md.positions, inv_freq, attention_factor)
         k = apply_rotary(k, md.positions, inv_freq, attention_factor)
         out, kv_cache = paged_attention(q, k, v, kv_cache, md, **kw)
-        out = linear(a.hidden_size, a.o_proj_bias, a.quant, "o_proj", self.use_kernels)(out.reshape(t, -1))
+        out = linear(a.hidden_size, a.o_proj_bias, self.quant.get("o_proj"), "o_proj", self.use_kernels)(
+            out.reshape(t, -1)
+        )
         return out, kv_cache
 
 
@@ -145,26 +155,32 @@ class LlamaMLP(nn.Module):
     arch: ModelArchConfig
     tp_size: int = 1  # shards of the fused gate|up layout
     use_kernels: bool = False  # quantized projections may run their Pallas GEMM (a GPU backend)
+    quant: LayerQuant = LayerQuant()
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [T, H] -> [T, H]
         a = self.arch
         act = ACTIVATIONS[a.hidden_act]
         group = gate_up_group(a, self.tp_size)
-        gate_up = linear(group.width, a.mlp_bias, a.quant, "gate_up_proj", self.use_kernels)(x)
+        gate_up = linear(
+            group.width, a.mlp_bias, self.quant.get("gate_up_proj"), "gate_up_proj", self.use_kernels
+        )(x)
         gate, up = split_columns(group, gate_up)
-        return linear(a.hidden_size, a.mlp_bias, a.quant, "down_proj", self.use_kernels)(act(gate) * up)
+        return linear(a.hidden_size, a.mlp_bias, self.quant.get("down_proj"), "down_proj", self.use_kernels)(
+            act(gate) * up
+        )
 
 
 class LlamaDecoderLayer(nn.Module):
     arch: ModelArchConfig
     attn_backend: str = "reference"
     tp_size: int = 1
+    quant: LayerQuant = LayerQuant()
 
     @nn.compact
     def __call__(self, x, kv_cache, md, inv_freq, attention_factor):  # x: [T, H]
         a = self.arch
-        h, kv_cache = LlamaAttention(a, self.attn_backend, self.tp_size, name="attn")(
+        h, kv_cache = LlamaAttention(a, self.attn_backend, self.tp_size, self.quant, name="attn")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="input_norm")(x),
             kv_cache,
             md,
@@ -172,7 +188,7 @@ class LlamaDecoderLayer(nn.Module):
             attention_factor,
         )
         x = x + h
-        x = x + LlamaMLP(a, self.tp_size, self.attn_backend != "reference", name="mlp")(
+        x = x + LlamaMLP(a, self.tp_size, self.attn_backend != "reference", self.quant, name="mlp")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x)
         )
         return x, kv_cache
@@ -187,7 +203,10 @@ class LlamaForCausalLM(nn.Module):
     def setup(self) -> None:
         a = self.arch
         self.embed_tokens = nn.Embed(a.vocab_size, a.hidden_size)
-        self.layers = [LlamaDecoderLayer(a, self.attn_backend, self.tp_size) for _ in range(a.num_layers)]
+        self.layers = [
+            LlamaDecoderLayer(a, self.attn_backend, self.tp_size, layer_quant(a, i))
+            for i in range(a.num_layers)
+        ]
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         if not a.tie_word_embeddings:
             self.lm_head = nn.Dense(a.vocab_size, use_bias=False)

@@ -7,6 +7,7 @@ pytree of `jax.ShapeDtypeStruct` every loader fills (and checks shapes against) 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -89,12 +90,20 @@ def abstract_params(module: nn.Module, dtype: jnp.dtype) -> dict:
     The decoder layers `layers_{i}` all have one layer's parameters, so only a one-layer model is traced
     (`init` traces every layer's Python, a second of a large model's load) and its `layers_0` is shared."""
     arch = module.arch
-    one = module.clone(arch=dataclasses.replace(arch, num_layers=1)) if arch.num_layers > 1 else module
-    ids, caches, md = dummy_inputs(one.arch, kv_heads=kv_slots(module))
-    shapes = jax.eval_shape(lambda: one.init(jax.random.key(0), ids, caches, md, method="init_all"))["params"]
-    shapes = dict(shapes)
-    layer = shapes.pop("layers_0")
-    shapes.update({f"layers_{i}": layer for i in range(arch.num_layers)})
+    # layers that differ (GGUF's per-tensor types: arch.layer_quant) are traced once per kind
+    kinds = arch.layer_quant or (None,) * arch.num_layers
+    traced: dict = {}
+    shapes: dict = {}
+    for i, kind in enumerate(kinds):
+        if kind not in traced:
+            one_arch = dataclasses.replace(arch, num_layers=1, layer_quant=None if kind is None else (kind,))
+            one = module.clone(arch=one_arch)
+            ids, caches, md = dummy_inputs(one_arch, kv_heads=kv_slots(module))
+            init = functools.partial(one.init, jax.random.key(0), ids, caches, md, method="init_all")
+            tree = jax.eval_shape(init)
+            traced[kind] = dict(tree["params"])
+        shapes[f"layers_{i}"] = traced[kind]["layers_0"]
+    shapes.update({k: v for k, v in traced[kinds[0]].items() if k != "layers_0"})
     return jax.tree_util.tree_map_with_path(lambda path, s: _leaf_struct(path, s, dtype), shapes)
 
 

@@ -115,6 +115,23 @@ class QuantScheme:
         return shapes
 
 
+@dataclass(frozen=True, slots=True)
+class LayerQuant:
+    """The schemes of one decoder layer's projections: `default` for each, unless `overrides` names the
+    projection ("qkv_proj", "down_proj", ...; None there: that one stays in the compute dtype). A GGUF
+    file, whose types vary by tensor, gives every layer its own; other checkpoints one for all layers.
+    Layers with equal LayerQuants share one trace (jaxllm/models/layer_trace.py)."""
+
+    default: QuantScheme | None = None
+    overrides: tuple[tuple[str, QuantScheme | None], ...] = ()
+
+    def get(self, projection: str) -> QuantScheme | None:
+        for name, scheme in self.overrides:
+            if name == projection:
+                return scheme
+        return self.default
+
+
 def online_fp8() -> QuantScheme:
     """`--quantization fp8` on a float checkpoint: vLLM's dynamic FP8 (per-channel weight scales, per-token
     activation scales)."""
