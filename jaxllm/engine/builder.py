@@ -103,6 +103,9 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
         "device": platform.device_kind,
         "platform": platform.name,
         "dtype": str(loaded.dtype),
+        "quantization": quantization_description(loaded.arch),
+        "weight_gib": round(loaded.weight_bytes / 2**30, 3),
+        "weight_bytes": loaded.weight_bytes,
         "kv_cache_dtype": str(runner.geometry.dtype),
         "attention_backend": config.runner.attention_backend,
         "num_gpu_blocks": num_blocks,  # vLLM's name (as --num-gpu-blocks-override); on any device
@@ -192,6 +195,18 @@ def grammar_compiler(loaded: LoadedModel) -> GrammarCompiler | None:
     return GrammarCompiler(loaded.tokenizer, loaded.arch.vocab_size, eos)
 
 
+def quantization_description(arch) -> str | None:
+    """The model's scheme for the start-up report: one for all layers, or a count per kind (GGUF)."""
+    if arch.layer_quant is None:
+        return arch.quant.describe() if arch.quant else None
+    kinds: dict[str, int] = {}
+    for lq in arch.layer_quant:
+        for s in (lq.default, *(s for _, s in lq.overrides)):
+            name = s.describe() if s else "float"
+            kinds[name] = kinds.get(name, 0) + 1
+    return "; ".join(f"{name} x{n}" for name, n in kinds.items())
+
+
 def device_description(platform: Platform) -> str:
     """e.g. "NVIDIA H100 80GB HBM3 x1 (jax platform gpu, 79.2 GiB)", "cpu x1 (jax platform cpu)"."""
     memory = (
@@ -209,6 +224,8 @@ def startup_lines(config: EngineConfig, platform: Platform, info: dict, kv_sizin
     settings = {
         "model": info["model"],
         "dtype": info["dtype"],
+        "quantization": info["quantization"],
+        "weight_gib": info["weight_gib"],
         "kv_cache_dtype": info["kv_cache_dtype"],
         "attention_backend": runner.attention_backend,
         "tensor_parallel_size": config.parallel.tensor_parallel_size,

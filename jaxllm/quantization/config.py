@@ -17,6 +17,7 @@ says so — a checkpoint is never served as something it is not.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jaxllm.quantization.scheme import QuantScheme, online_fp8
@@ -47,6 +48,20 @@ class QuantConfigError(ValueError):
     pass
 
 
+def _dummy_scheme(scheme: QuantScheme, hf_config: dict) -> QuantScheme:
+    """The method's usual group size (128), or the largest power of two below it that divides every
+    projection's inputs of a small model."""
+    if scheme.group_size is None:
+        return scheme
+    heads = hf_config.get("num_attention_heads", 1)
+    head_dim = hf_config.get("head_dim") or hf_config.get("hidden_size", 0) // heads
+    widths = [hf_config.get("hidden_size", 0), hf_config.get("intermediate_size", 0), heads * head_dim]
+    g = scheme.group_size
+    while g > 2 and any(w % g for w in widths if w):
+        g //= 2
+    return dataclasses.replace(scheme, group_size=g)
+
+
 def quant_scheme(hf_config: dict, flag: str | None, where: str, dummy: bool = False) -> QuantScheme | None:
     """The scheme of the model described by `hf_config` (config.json) under `--quantization flag`;
     `where` names the checkpoint in errors; `dummy`: random weights, shaped by the flag's method."""
@@ -60,7 +75,7 @@ def quant_scheme(hf_config: dict, flag: str | None, where: str, dummy: bool = Fa
         if method == "fp8":
             return online_fp8()
         if dummy:
-            return DUMMY_SCHEMES[method]
+            return _dummy_scheme(DUMMY_SCHEMES[method], hf_config)
         raise QuantConfigError(
             f"quantization={flag!r} (--quantization) needs a checkpoint quantized with {method}, but "
             f"{where}/config.json has no quantization_config; only fp8 quantizes a float checkpoint at load"

@@ -1,0 +1,167 @@
+"""Quantized serving speed against bf16 in the same process: single-stream decode and offline throughput.
+
+    for each --methods entry (bf16, fp8, awq, gptq, compressed-tensors: random weights of that layout at
+    the model's real size, --load-format dummy):
+      LLM(...) -> weight bytes and KV blocks at load (the engine's startup_info)
+      concurrency 1: one --input-len prompt, generate 1 token (prefill) and 1 + --decode-tokens tokens;
+                     decode tok/s = decode tokens / (the difference); best of --decode-reps
+                     bound: the card's bandwidth / (weight bytes + the KV bytes a step reads)
+      offline (methods in --offline-methods): --num-prompts x --input-len -> --output-len, every request
+                     handed to generate at once (ignore_eos) -> output tok/s
+    -> speed-ups over bf16 (the first method) and each method's share of its own bound
+
+    python -m benchmarks.quantized_speed --model llama-3.1-8b --methods bf16,fp8,awq \
+        --offline-methods bf16,fp8 --num-prompts 1000 --input-len 512 --output-len 256
+
+Random weights decide nothing here: a GEMM reads the same bytes whatever they hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import time
+from typing import Any
+
+import jax
+
+from benchmarks.roofline import HARDWARE_CHOICES, hardware_for_device
+from benchmarks.workload import arch_for_model, make_result, random_requests, save_result
+
+logger = logging.getLogger("jaxllm.benchmarks")
+METHODS = {
+    "bf16": None,
+    "fp8": "fp8",
+    "awq": "awq",
+    "gptq": "gptq",
+    "compressed-tensors": "compressed-tensors",
+}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--model", default="llama-3.1-8b", help="preset or HF folder (random weights of its shape)"
+    )
+    p.add_argument("--methods", default="bf16,fp8,awq", help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--offline-methods", default="bf16,fp8", help="the methods also run offline ('' for none)")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--decode-tokens", type=int, default=256)
+    p.add_argument("--decode-reps", type=int, default=3)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--hardware", default="auto", choices=HARDWARE_CHOICES)
+    p.add_argument("--name", default=None)
+    p.add_argument("--output-json", default=None)
+    p.add_argument("--no-save", action="store_true")
+    return p
+
+
+def _generate_seconds(llm, prompts: list[list[int]], max_tokens: int) -> float:
+    from jaxllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    llm.generate(None, sp, prompt_token_ids=prompts, use_tqdm=False)
+    return time.perf_counter() - t0
+
+
+def run_method(method: str, args, vocab: int, hw, offline: bool) -> dict[str, Any]:
+    from jaxllm import LLM
+
+    llm = LLM(
+        model=args.model,
+        load_format="dummy",
+        quantization=METHODS[method],
+        max_model_len=args.max_model_len,
+        kv_cache_dtype=args.kv_cache_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    info = dict(llm.llm_engine.startup_info)
+    row: dict[str, Any] = {
+        "method": method,
+        "quantization": info.get("quantization"),
+        "weight_gib": info.get("weight_gib"),
+        "weight_bytes": info["weight_bytes"],
+        "num_gpu_blocks": info["num_gpu_blocks"],
+        "kv_cache_gib": info["kv_cache_gib"],
+        "kv_cache_dtype": info["kv_cache_dtype"],
+        "startup_time_s": info["startup_time_s"],
+    }
+    prompt = random_requests(1, args.input_len, 1, vocab, seed=1)[0].prompt
+    _generate_seconds(llm, [prompt], 1 + args.decode_tokens)  # warm-up: every shape of the timed calls
+    best = float("inf")
+    for _ in range(args.decode_reps):
+        t_prefill = _generate_seconds(llm, [prompt], 1)
+        t_full = _generate_seconds(llm, [prompt], 1 + args.decode_tokens)
+        best = min(best, (t_full - t_prefill) / args.decode_tokens)
+    row["decode_tpot_ms"] = round(best * 1e3, 3)
+    row["decode_tok_s"] = round(1.0 / best, 1)
+    # a decode step reads every weight (the embedding table only through the tied head, if tied) and
+    # the KV of the context so far
+    kv_bytes_per_token = info["kv_cache_gib"] * 2**30 / (info["num_gpu_blocks"] * info["block_size"])
+    context = args.input_len + args.decode_tokens / 2
+    step_bytes = info["weight_bytes"] + kv_bytes_per_token * context
+    row["decode_bound_tok_s"] = round(hw.bandwidth / step_bytes, 1)
+    row["decode_share_of_bound"] = round(row["decode_tok_s"] / row["decode_bound_tok_s"], 3)
+    if offline:
+        reqs = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, seed=2)
+        _generate_seconds(llm, [r.prompt for r in reqs[:64]], args.output_len)  # warm-up
+        wall = _generate_seconds(llm, [r.prompt for r in reqs], args.output_len)
+        row["offline_wall_s"] = round(wall, 2)
+        row["offline_output_tok_s"] = round(args.num_prompts * args.output_len / wall, 1)
+    del llm
+    gc.collect()
+    return row
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    methods = [m for m in args.methods.split(",") if m]
+    offline = {m for m in args.offline_methods.split(",") if m}
+    for m in methods:
+        if m not in METHODS:
+            raise SystemExit(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
+    vocab = arch_for_model(args.model).vocab_size
+    hw = hardware_for_device(args.hardware)
+    rows = []
+    for m in methods:
+        try:
+            rows.append(run_method(m, args, vocab, hw, m in offline))
+        except Exception as e:  # one layout failing must not hide the others' figures
+            logger.exception("method %s failed", m)
+            rows.append({"method": m, "error": f"{type(e).__name__}: {e}"})
+        print(rows[-1], flush=True)
+    base = rows[0] if "error" not in rows[0] else None
+    for row in rows[1:]:
+        if base and "error" not in row:
+            row["decode_speedup"] = round(row["decode_tok_s"] / base["decode_tok_s"], 3)
+            if "offline_output_tok_s" in row and "offline_output_tok_s" in base:
+                row["offline_speedup"] = round(row["offline_output_tok_s"] / base["offline_output_tok_s"], 3)
+    device = jax.devices()[0].device_kind
+    print(f"{args.model} on {device} ({hw.name} bound {hw.bandwidth / 1e12:.2f} TB/s):")
+    for row in rows:
+        print("  ", {k: v for k, v in row.items() if k not in ("quantization",)})
+    result = make_result(
+        "quantized_speed",
+        args.name or f"quantized-speed-{args.model}",
+        args.model,
+        vars(args),
+        {"rows": rows},
+        None,
+        device=device,
+        hardware=hw.name,
+        bandwidth_bytes_per_s=hw.bandwidth,
+    )
+    if not args.no_save:
+        print("saved", save_result(result, args.output_json))
+    return result
+
+
+if __name__ == "__main__":
+    main()

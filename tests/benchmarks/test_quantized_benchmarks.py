@@ -1,0 +1,64 @@
+"""The quantization benchmarks run end to end on a tiny model on the CPU (their figures come from the GPU).
+
+quantized_speed: every layout loads with random weights, decodes and reports its weight bytes, which
+must shrink as the layout says (fp8 and int4 against float32 here). perplexity: the windows cover the
+text, and the figure equals exp(-mean log p) recomputed from the engine's own prompt logprobs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks import perplexity, quantized_speed
+
+
+def test_quantized_speed_reports_each_layout(tmp_path):
+    result = quantized_speed.main(
+        ["--model", "tiny-llama", "--methods", "bf16,fp8,awq", "--offline-methods", "bf16",
+         "--num-prompts", "4", "--input-len", "8", "--output-len", "4", "--decode-tokens", "4",
+         "--decode-reps", "1", "--max-model-len", "32", "--output-json", str(tmp_path / "q.json")]
+    )  # fmt: skip
+    rows = {r["method"]: r for r in result["results"]["rows"]}
+    assert all("error" not in r for r in rows.values()), rows
+    assert rows["fp8"]["quantization"].startswith("fp8: fp8 W8A8")
+    assert rows["awq"]["quantization"].startswith("awq: int4 W4A16")
+    # the projections shrink 4x (fp8 from float32) and ~8x (int4); embeddings and norms do not
+    assert rows["fp8"]["weight_bytes"] < rows["bf16"]["weight_bytes"]
+    assert rows["awq"]["weight_bytes"] < rows["fp8"]["weight_bytes"]
+    assert rows["bf16"]["offline_output_tok_s"] > 0 and rows["fp8"]["decode_speedup"] > 0
+    assert (tmp_path / "q.json").exists()
+
+
+def test_windows_cover_the_text():
+    ids = list(range(100, 125))
+    w = perplexity.windows(ids, 10, bos=1, max_windows=None)
+    assert all(x[0] == 1 and len(x) <= 10 for x in w)
+    assert [t for x in w for t in x[1:]] == ids
+
+
+def test_perplexity_matches_transformers():
+    """The engine's figure against transformers' own on the embedded model (float32 on the CPU)."""
+    import os
+
+    import torch
+    import transformers
+
+    from jaxllm import LLM
+    from jaxllm.embedded import embedded_model_path
+
+    llm = LLM(max_model_len=64)
+    tok = llm.get_tokenizer()
+    ids = tok(perplexity.reference_text(), add_special_tokens=False)["input_ids"][:120]
+    prompts = perplexity.windows(ids, 48, tok.bos_token_id, None)
+    ppl, count = perplexity.perplexity(llm, prompts)
+    path = embedded_model_path()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32
+    ).eval()
+    total = 0.0
+    with torch.no_grad():
+        for p in prompts:
+            logp = torch.log_softmax(ref(torch.tensor([p])).logits[0].double(), -1)
+            total += sum(logp[i - 1, p[i]].item() for i in range(1, len(p)))
+    assert count == len(ids)
+    assert math.isclose(ppl, math.exp(-total / count), rel_tol=2e-3), (ppl, math.exp(-total / count))
