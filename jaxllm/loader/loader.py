@@ -3,15 +3,15 @@ configuration (open_model: no weights touched, so the engine settles its limits 
 module and fill its params (load_weights).
 
   spec.model None      -> embedded GGUF (SmolLM2-135M-Instruct)
-  "*.gguf" file        -> gguf_loader (Q8_0/Q4_* kept int8/  } with spec.checkpoint_dir: restore the orbax
-                          int4, other types dequantized)   }
-  folder with config   -> safetensors_loader                } cache if it matches, else convert and save
+  "*.gguf" file        -> gguf_loader (Q8_0 / Q4_* as int8 / } with spec.checkpoint_dir: restore the orbax
+                          int4, other types dequantized)    } cache if it matches, else convert and save
+  folder with config   -> safetensors_loader                 }
   preset name + dummy  -> dummy (random, on device)
 -> LoadedModel(module, params, arch, tokenizer, ...). Load times are logged on logger "jaxllm".
 
 dtype "auto": the checkpoint's torch_dtype (bfloat16/float16 kept as is); float32 checkpoints and
-GGUF files (dequantized weights, int scales) stay float32 on the CPU and become bfloat16 on an accelerator (what a vLLM user
-gets: half precision on the GPU). An explicit dtype always wins.
+GGUF files (dequantized weights, int4/int8 scales) stay float32 on the CPU and become bfloat16 on an
+accelerator (what a vLLM user gets: half precision on the GPU). An explicit dtype always wins.
 """
 
 from __future__ import annotations
