@@ -3,14 +3,15 @@ configuration (open_model: no weights touched, so the engine settles its limits 
 module and fill its params (load_weights).
 
   spec.model None      -> embedded GGUF (SmolLM2-135M-Instruct)
-  "*.gguf" file        -> gguf_loader (dequantized)         } with spec.checkpoint_dir: restore the orbax
-  folder with config   -> safetensors_loader                } cache if it matches, else convert and save
+  "*.gguf" file        -> gguf_loader (Q8_0 / Q4_* as int8 / } with spec.checkpoint_dir: restore the orbax
+                          int4, other types dequantized)    } cache if it matches, else convert and save
+  folder with config   -> safetensors_loader                 }
   preset name + dummy  -> dummy (random, on device)
 -> LoadedModel(module, params, arch, tokenizer, ...). Load times are logged on logger "jaxllm".
 
 dtype "auto": the checkpoint's torch_dtype (bfloat16/float16 kept as is); float32 checkpoints and
-dequantized GGUF weights stay float32 on the CPU and become bfloat16 on an accelerator (what a vLLM user
-gets: half precision on the GPU). An explicit dtype always wins.
+GGUF files (dequantized weights, int4/int8 scales) stay float32 on the CPU and become bfloat16 on an
+accelerator (what a vLLM user gets: half precision on the GPU). An explicit dtype always wins.
 """
 
 from __future__ import annotations
@@ -124,14 +125,19 @@ class ModelSource:
 
 def open_model(spec: ModelSpec, tp_size: int = 1) -> ModelSource:
     """Resolve the source and read its configuration; touches no weights."""
-    from jaxllm.loader.gguf_loader import gguf_hf_config, open_gguf
+    from jaxllm.loader.gguf_loader import describe_projections, gguf_hf_config, gguf_layer_quant, open_gguf
     from jaxllm.loader.safetensors_loader import read_hf_config
 
     start = time.perf_counter()
     kind, path = source_kind(spec)
+    if kind == "gguf" and spec.quantization not in (None, "gguf"):
+        raise ValueError(
+            f"quantization={spec.quantization!r} (--quantization) does not apply to the GGUF file {path}, "
+            "whose tensor types say how it is quantized; leave the flag out or give 'gguf'"
+        )
     cache = (
         CheckpointCache(
-            spec.checkpoint_dir, path, spec.dtype, layout=params_layout(tp_size, spec.quantization)
+            spec.checkpoint_dir, path, spec.dtype, layout=params_layout(tp_size, spec.quantization, kind)
         )
         if spec.checkpoint_dir and kind != "dummy"
         else None
@@ -159,6 +165,9 @@ def open_model(spec: ModelSpec, tp_size: int = 1) -> ModelSource:
     if scheme is not None:
         arch = dataclasses.replace(arch, quant=scheme)
         logger.info("%s: quantized layers: %s", path, scheme.describe())
+    if kind == "gguf":
+        arch = dataclasses.replace(arch, layer_quant=gguf_layer_quant(hf_config, path))
+        logger.info("%s: GGUF projections: %s", path, describe_projections(hf_config))
     return ModelSource(
         spec, kind, path, hf_config, arch, tp_size, cache, from_cache, reader, time.perf_counter() - start
     )
@@ -225,11 +234,15 @@ def load_weights(
     return LoadedModel(module, params, arch, tokenizer, name, path, load_time, from_cache)
 
 
-def params_layout(tp_size: int, quantization: str | None = None) -> str:
+def params_layout(tp_size: int, quantization: str | None = None, kind: str = "hf") -> str:
     """What a converted cache's tree depends on besides its source and dtype: the fused projections'
     layout, which differs with the tensor-parallel size (models/fused_projections.py), and the flag
-    that may quantize a float checkpoint at load."""
+    that may quantize a float checkpoint at load. A GGUF file's tree is set by its tensor types alone
+    (the flag is None or "gguf"): its Q8_0/Q4_* projections are int8/int4 leaves, never the float
+    kernels a cache of the dequantized file would hold."""
     layout = f"fused-qkv-gate-up/tp{tp_size}"
+    if kind == "gguf":
+        return f"{layout}/gguf-int4-int8"
     return layout if quantization is None else f"{layout}/q-{quantization}"
 
 

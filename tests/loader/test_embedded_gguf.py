@@ -57,19 +57,21 @@ def test_orbax_cache_restores_same_params(embedded, caplog):
     with caplog.at_level(logging.INFO, logger="jaxllm"):
         second = load_model(ModelSpec(checkpoint_dir=cache))
     assert second.from_cache and "orbax" in caplog.text
+    assert second.arch.layer_quant == first.arch.layer_quant is not None  # rebuilt from the cached config
     flat1, flat2 = jax.tree.leaves_with_path(first.params), jax.tree.leaves_with_path(second.params)
     assert [k for k, _ in flat1] == [k for k, _ in flat2]
     for (_, a), (_, b) in zip(flat1, flat2, strict=True):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert second.tokenizer("hello world")["input_ids"] == first.tokenizer("hello world")["input_ids"]
-    # another dtype, another source or another layout (tensor-parallel size) must not reuse this cache
-    assert CheckpointCache(cache, embedded_model_path(), "auto", params_layout(1)).valid()
-    assert not CheckpointCache(cache, embedded_model_path(), "bfloat16", params_layout(1)).valid()
-    assert not CheckpointCache(
-        cache, os.path.dirname(embedded_model_path()), "auto", params_layout(1)
-    ).valid()
-    assert not CheckpointCache(cache, embedded_model_path(), "auto", params_layout(2)).valid()
+    # another dtype, another source or another layout (tensor-parallel size; the float tree of the
+    # dequantized file, which caches made before GGUF stayed quantized hold) must not reuse this cache
+    gguf1 = params_layout(1, kind="gguf")
+    assert CheckpointCache(cache, embedded_model_path(), "auto", gguf1).valid()
+    assert not CheckpointCache(cache, embedded_model_path(), "bfloat16", gguf1).valid()
+    assert not CheckpointCache(cache, os.path.dirname(embedded_model_path()), "auto", gguf1).valid()
+    assert not CheckpointCache(cache, embedded_model_path(), "auto", params_layout(2, kind="gguf")).valid()
+    assert not CheckpointCache(cache, embedded_model_path(), "auto", params_layout(1)).valid()
 
 
 def test_embedded_chat_template(embedded):
