@@ -29,11 +29,19 @@ Data flow of one call:
 
 Constraints (ValueError on violation): g divides K and is a multiple of 32 (a sub-block of 32 inputs is
 two dot operands of 16, Triton's least), N % 16 == 0; tiles are powers of two with bm, bn >= 16 and
-bk >= 32, bk divides K, and bk divides g or g divides bk. Prefill (large M) may be better served by dequantizing the weight
-to bf16 once and using XLA's dot; this kernel is tuned for decode.
+bk >= 32, bk divides K, and bk divides g or g divides bk. Prefill (large M) may be better served by
+dequantizing the weight to bf16 once and using XLA's dot; this kernel is tuned for decode.
 
-GPU status: this file is tested in interpret mode on the CPU (tests/kernels/test_w4a16_matmul.py); its
-lowering to Triton and its speed on Hopper are measured by benchmarks/w4a16_matmul.py, not here.
+Why x is split in registers rather than the dense tile interleaved: the dot operand of a byte's two rows
+would need the nibbles joined along K (join, transpose, reshape), which Triton lowers through shared
+memory with register spills; two dots on the even / odd halves let it read the codes from its pipelined
+shared-memory buffer straight into the mma operand layout.
+
+GPU status: tested in interpret mode on the CPU, and lowered to Triton IR and compiled for sm_90 there
+(tests/kernels/test_w4a16_matmul.py: Triton's passes map the dots to mma.sync and pipeline the code
+loads through cp.async, with no register spills). It has not been run on a GPU in that testing: its
+results on one come from `pytest tests/kernels/test_w4a16_matmul.py --gpu` and benchmarks/w4a16_matmul.py,
+and until those are recorded its GPU path is unproven.
 """
 
 from __future__ import annotations

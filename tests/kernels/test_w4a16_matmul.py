@@ -29,8 +29,9 @@ from jaxllm.kernels.int4_reference import (
 from jaxllm.kernels.w4a16_matmul import default_config, resolve_config, split_steps, w4a16_matmul
 
 # Largest |out - ref| / max|ref| allowed: the output's rounding to its dtype (half an ulp relative to the
-# element, below that relative to the largest) plus float32 summation-order differences.
-TOLERANCE = {"bfloat16": 2**-8, "float16": 2**-10, "float32": 2e-6}
+# element, below that relative to the largest) plus float32 summation-order differences (for float32 a
+# few 1e-6 at K = 4096: the kernel adds per group and per split, the reference in one dot).
+TOLERANCE = {"bfloat16": 2**-8, "float16": 2**-10, "float32": 2e-5}
 
 DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
 MS = [1, 3, 16, 37, 128]
