@@ -1,4 +1,5 @@
-"""Pallas ops for paged attention on NVIDIA GPUs, each with a plain-jnp reference. Imports only jax and numpy.
+"""Pallas ops for paged attention and quantized GEMMs on NVIDIA GPUs, each with a plain-jnp reference.
+Imports only jax and numpy.
 
 Every attention op has the reference's contract (reference.py) and signature:
 `(q, k_pages, v_pages, md, *, sm_scale, ...)`, md a PagedAttentionMetadata (metadata.py). The attention
@@ -16,11 +17,14 @@ layer writes the step's K/V into the paged cache first (ops.write_kv_cache), the
   mosaic_schedule.py  the prefill kernel's tiles, work items and config
   mosaic_common.py    what both Mosaic kernels share: KV ring, online softmax, unit schedule, launch
   kv_write_pallas.py  the KV-cache write kernel; kv_write_xla.py its XLA-scatter twin and reference
+  w4a16_matmul.py     the int4-weight GEMM (W4A16, decode-oriented), Triton-lowered
+  int4_reference.py   the int4 weight layout: packing, dequantization, the plain-jnp reference matmul
 
 Shapes (dimension letters):
   T  tokens in the flattened (ragged) batch      S  sequences (padded bucket)
   Hq query heads   Hkv key/value heads   D head dim   P pages in the pool   PS page size (tokens)
   B  pages per sequence in the block table       G  query heads per KV head (Gp: padded)
+  GEMMs: M rows (tokens)  K inputs  N outputs  g quantization group size (inputs per scale)
 """
 
 from jaxllm.kernels.metadata import PagedAttentionMetadata
