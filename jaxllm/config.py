@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
+# vLLM's values; "fp8" is "fp8_e4m3" (one byte per element, scaled per layer: jaxllm/kernels/kv_quant.py).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy", "orbax")
 ATTENTION_BACKENDS = ("auto", "reference", "pallas", "pallas-hopper")
 QUANTIZATIONS = (None, "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "gguf")

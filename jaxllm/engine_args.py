@@ -145,7 +145,13 @@ class EngineArgs:
     swap_space: float = arg_field(
         0.0, "host memory (GiB) that preempted requests' KV blocks are swapped to", ge=0.0
     )
-    kv_cache_dtype: str = arg_field("auto", "KV cache dtype; auto: the weights'", choices=KV_CACHE_DTYPES)
+    kv_cache_dtype: str = arg_field(
+        "auto",
+        "KV cache dtype; auto: the weights'. fp8 (= fp8_e4m3) and fp8_e5m2 store K and V in one byte, "
+        "divided by per-layer scales (the checkpoint's k_scale / v_scale, else 1.0): twice the tokens of "
+        "bfloat16 in the same memory",
+        choices=KV_CACHE_DTYPES,
+    )
     enable_prefix_caching: bool = arg_field(True, "reuse the KV blocks of prompts' common prefixes")
     # ---- the scheduler ---------------------------------------------------------------------------------
     max_num_seqs: int | None = arg_field(

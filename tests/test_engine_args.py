@@ -136,11 +136,22 @@ def test_combinations_that_need_the_model_are_rejected_at_resolution():
         ({"override_generation_config": {"top_p": 2.0}}, r"--override-generation-config.*top_p=2.0"),
         ({"generation_config": "/no/such/folder"}, r"--generation-config"),
         ({"max_logprobs": 21}, r"max_logprobs=21 \(--max-logprobs\) must be <= 20"),
+        (
+            {"kv_cache_dtype": "fp8_e4m3fn"},
+            r"kv_cache_dtype='fp8_e4m3fn' \(--kv-cache-dtype\) must be one of",
+        ),
     ],
 )
 def test_bad_values_name_the_field_and_flag(kw, message):
     with pytest.raises(ValueError, match=message):
         EngineArgs(**kw)
+
+
+@pytest.mark.parametrize("value", ["fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16"])
+def test_kv_cache_dtype_takes_vllms_values(value):
+    """vLLM's --kv-cache-dtype values for 8-bit caches ("fp8" is e4m3) reach the cache config as given."""
+    config = EngineArgs(kv_cache_dtype=value).create_engine_config(CPU, MODEL_LEN, "offline")
+    assert config.cache.kv_cache_dtype == value
 
 
 def test_generation_defaults_pass_through():

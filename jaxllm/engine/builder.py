@@ -26,12 +26,14 @@ from jaxllm.engine.batch_defaults import device_total_memory
 from jaxllm.engine.heap import collect_dropped_engines, freeze_startup_heap
 from jaxllm.engine.llm_engine import LLMEngine
 from jaxllm.engine_args import EngineArgs, Platform
-from jaxllm.layers.attention import resolve_backend
+from jaxllm.kernels.kv_quant import is_fp8
+from jaxllm.layers.attention import check_kv_cache_dtype, resolve_backend
 from jaxllm.loader import LoadedModel, load_weights, open_model
 from jaxllm.loader.generation_config import read_generation_defaults
 from jaxllm.parallel import TensorParallelPlan, agree_on_min, initialize_distributed, plan_tensor_parallel
 from jaxllm.runner import executable_cache
 from jaxllm.runner.executable_cache import ExecutableCache
+from jaxllm.runner.kv_cache import kv_page_dtype
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.structured_output.grammar import GrammarCompiler
 
@@ -107,6 +109,7 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
         "weight_gib": round(loaded.weight_bytes / 2**30, 3),
         "weight_bytes": loaded.weight_bytes,
         "kv_cache_dtype": str(runner.geometry.dtype),
+        **({"kv_cache_scales": kv_scales_source(loaded.params)} if is_fp8(runner.geometry.dtype) else {}),
         "attention_backend": config.runner.attention_backend,
         "num_gpu_blocks": num_blocks,  # vLLM's name (as --num-gpu-blocks-override); on any device
         "num_cpu_blocks": num_cpu_blocks,
@@ -159,7 +162,8 @@ def _build_runner(
     config: EngineConfig, loaded: LoadedModel, tp: TensorParallelPlan, cache_dir: str | None
 ) -> ModelRunner:
     arch, cache = loaded.arch, config.cache
-    kv_dtype = loaded.dtype if cache.kv_cache_dtype == "auto" else cache.kv_cache_dtype
+    kv_dtype = kv_page_dtype(cache.kv_cache_dtype, loaded.dtype)
+    check_kv_cache_dtype(cache.kv_cache_dtype, kv_dtype, config.runner.attention_backend, jax.devices()[0])
     executables = ExecutableCache(
         os.path.join(cache_dir, "executables") if config.runner.executable_cache and cache_dir else None
     )
@@ -181,6 +185,13 @@ def _build_runner(
         executable_cache=executables,
         grammar_compiler=grammar_compiler(loaded),
     )
+
+
+def kv_scales_source(params) -> str:
+    """Where an fp8 cache's per-layer scales come from, for the log: the checkpoint's `k_scale` /
+    `v_scale` params, or 1.0 for every layer (vLLM's default when a checkpoint has none)."""
+    names = {getattr(path[-1], "key", None) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    return "checkpoint" if {"k_scale", "v_scale"} & names else "1.0"
 
 
 def grammar_compiler(loaded: LoadedModel) -> GrammarCompiler | None:
@@ -227,6 +238,7 @@ def startup_lines(config: EngineConfig, platform: Platform, info: dict, kv_sizin
         "quantization": info["quantization"],
         "weight_gib": info["weight_gib"],
         "kv_cache_dtype": info["kv_cache_dtype"],
+        **({"kv_cache_scales": info["kv_cache_scales"]} if "kv_cache_scales" in info else {}),
         "attention_backend": runner.attention_backend,
         "tensor_parallel_size": config.parallel.tensor_parallel_size,
         "block_size": cache.block_size,

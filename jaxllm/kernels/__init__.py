@@ -3,7 +3,9 @@ Imports only jax and numpy.
 
 Every attention op has the reference's contract (reference.py) and signature:
 `(q, k_pages, v_pages, md, *, sm_scale, ...)`, md a PagedAttentionMetadata (metadata.py). The attention
-layer writes the step's K/V into the paged cache first (ops.write_kv_cache), then attends.
+layer writes the step's K/V into the paged cache first (ops.write_kv_cache), then attends. Pages are q's
+dtype or fp8 (kv_quant.py); the writes, the reference and the ops of ops.py take fp8 pages' scales as
+k_scale, v_scale (the Mosaic kernels read 16-bit pages only, and the dispatcher keeps fp8 off them).
 
   ops.py              the public GPU ops the attention layer calls
   reference.py        the plain-jnp reference (the CPU backend; what every kernel is tested against)
@@ -19,6 +21,7 @@ layer writes the step's K/V into the paged cache first (ops.write_kv_cache), the
   kv_write_pallas.py  the KV-cache write kernel; kv_write_xla.py its XLA-scatter twin and reference
   w4a16_matmul.py     the int4-weight GEMM (W4A16, decode-oriented), Triton-lowered
   int4_reference.py   the int4 weight layout: packing, dequantization, the plain-jnp reference matmul
+  kv_quant.py         FP8 pages: how K/V are stored in 8 bits with per-layer scales and read back
 
 Shapes (dimension letters):
   T  tokens in the flattened (ragged) batch      S  sequences (padded bucket)

@@ -27,7 +27,15 @@ grouped query layout of ragged_batch.py.
 
 What neither Mosaic kernel covers runs on the Triton kernel (ragged_paged_attention) as a whole:
 shorter block tables (step 1 skipped), a logit soft cap or sliding window, float32, page sizes below 8
-or not dividing the kernels' KV blocks.
+or not dividing the kernels' KV blocks, and FP8 pages (kv_quant.py).
+
+Why FP8 pages stay on the Triton kernel: both Mosaic kernels feed wgmma straight from the shared-memory
+tiles TMA fills, and wgmma multiplies fp8 only by fp8 (e4m3/e5m2 on both sides). Reading fp8 pages there
+would take either Q and P quantized to fp8 as well (an error beyond the cache's own, which vLLM's FP8
+KV cache does not add) or a stage that upcasts each K/V tile from shared memory through registers into
+a second, bf16 tile before the compute warpgroups read it (more shared memory per ring slot, fewer
+stages, one more barrier per block), which is not built. The Triton kernel loads the pages in 8 bits and
+upcasts them in registers, so FP8 decode still reads half the bytes (triton_attention.py).
 
 Shapes (dimension letters as in jaxllm/kernels/__init__.py): q [T, Hq, D]; k_pages, v_pages
 [Hkv, P, PS, D]; md: metadata.PagedAttentionMetadata of S sequences.
@@ -40,6 +48,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxllm.kernels.kv_quant import is_fp8
 from jaxllm.kernels.metadata import PagedAttentionMetadata, check_inputs
 from jaxllm.kernels.mosaic_common import wait_for_inputs
 from jaxllm.kernels.mosaic_decode import DecodeMgpuConfig, decode_launch, decode_rows, group_rows
@@ -73,10 +82,13 @@ def mosaic_covers(
     soft_cap,
     sliding_window,
     min_context: int,
+    kv_dtype=None,
 ) -> bool:
     """Whether the Mosaic prefill kernel takes part for these static shapes (b: block-table width in pages)
-    and options."""
+    and options. kv_dtype: the pages' dtype (None: q's); fp8 pages stay on Triton (module docstring)."""
     if soft_cap is not None or sliding_window is not None or decode_like(t, s):
+        return False
+    if kv_dtype is not None and is_fp8(kv_dtype):
         return False
     if b * page_size < min_context:
         return False
@@ -86,10 +98,23 @@ def mosaic_covers(
 
 
 def decode_mosaic_covers(
-    t: int, s: int, hq: int, hkv: int, dtype, page_size: int, *, soft_cap, sliding_window, min_units: int
+    t: int,
+    s: int,
+    hq: int,
+    hkv: int,
+    dtype,
+    page_size: int,
+    *,
+    soft_cap,
+    sliding_window,
+    min_units: int,
+    kv_dtype=None,
 ) -> bool:
-    """Whether the Mosaic decode kernel takes the decode rows of this decode-like batch (static shapes)."""
+    """Whether the Mosaic decode kernel takes the decode rows of this decode-like batch (static shapes).
+    kv_dtype: the pages' dtype (None: q's); fp8 pages stay on Triton (module docstring)."""
     if soft_cap is not None or sliding_window is not None or not decode_like(t, s):
+        return False
+    if kv_dtype is not None and is_fp8(kv_dtype):
         return False
     if t * hkv < min_units:
         return False
@@ -112,11 +137,15 @@ def ragged_paged_attention_hopper(
     decode_min_units: int = DECODE_MIN_UNITS,
     interpret: bool = False,
     q_heads: int | None = None,
+    k_scale=1.0,
+    v_scale=1.0,
 ):
     """Same contract and result as ref_ragged_paged_attention; decode batches and (with long block tables)
     long prefill chunks on the Mosaic GPU kernels (sm_90), everything else on the Triton-lowered kernel
     (module docstring). prefill_min_context and decode_min_units move the static rules (tests set them
     to route small problems to the Mosaic kernels). q_heads: as in ragged_paged_attention (a fused q|k|v).
+    k_scale, v_scale: fp8 pages' scales (kv_quant.py), which only the Triton kernel reads (fp8 pages
+    never reach the Mosaic kernels).
 
     Compiled as one jitted computation on the GPU. In interpret mode the parts run one by one instead:
     Mosaic GPU's interpreter runs the kernel's threads as host callbacks, which wait forever when the
@@ -128,14 +157,14 @@ def ragged_paged_attention_hopper(
     )  # fmt: skip
     args = (q, k_pages, v_pages, md)
     if interpret:
-        return _hopper(*args, interpret=True, **kw)
-    return _hopper_jit(*args, interpret=False, **kw)
+        return _hopper(*args, interpret=True, k_scale=k_scale, v_scale=v_scale, **kw)
+    return _hopper_jit(*args, interpret=False, k_scale=k_scale, v_scale=v_scale, **kw)
 
 
 def _hopper(
     q, k_pages, v_pages, md,
     *, sm_scale, soft_cap, sliding_window, mosaic_min_q_len, prefill_min_context, decode_min_units, interpret,
-    q_heads,
+    q_heads, k_scale, v_scale,
 ):  # fmt: skip
     check_inputs(
         query_view(q, q_heads), k_pages, v_pages, md, dtypes=DTYPES, sliding_window=sliding_window,
@@ -148,13 +177,21 @@ def _hopper(
     hkv, _, ps, _ = k_pages.shape
     s, b = md.block_tables.shape
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret)
-    cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_units=decode_min_units)
+    cover = dict(
+        soft_cap=soft_cap, sliding_window=sliding_window, min_units=decode_min_units, kv_dtype=k_pages.dtype
+    )
     if decode_mosaic_covers(t, s, hq, hkv, q.dtype, ps, **cover):
         qs = q[:, :hq]  # the query heads (XLA fuses the cut into the padding copy _decode_like makes)
         return _decode_like(qs, k_pages, v_pages, md, **kw)
-    prefill_cover = dict(soft_cap=soft_cap, sliding_window=sliding_window, min_context=prefill_min_context)
+    prefill_cover = dict(
+        soft_cap=soft_cap,
+        sliding_window=sliding_window,
+        min_context=prefill_min_context,
+        kv_dtype=k_pages.dtype,
+    )
     if not mosaic_covers(t, s, b, q.dtype, ps, d, **prefill_cover):
-        return ragged_paged_attention(q, k_pages, v_pages, md, q_heads=q_heads, **kw)
+        scales = dict(k_scale=k_scale, v_scale=v_scale)
+        return ragged_paged_attention(q, k_pages, v_pages, md, q_heads=q_heads, **kw, **scales)
 
     long_rows = prefill_paged_attention_mgpu(
         q[:, :hq], k_pages, v_pages, md, sm_scale=sm_scale, min_q_len=mosaic_min_q_len, interpret=interpret

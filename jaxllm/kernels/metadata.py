@@ -18,6 +18,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxllm.kernels.kv_quant import is_fp8
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +51,9 @@ def check_inputs(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> None:
-    """The contract every attention op checks before tracing its kernel: shapes, dtypes (one of
-    `dtypes`), head dim, page size, the metadata and the options."""
+    """The contract every attention op checks before tracing its kernel: shapes, dtypes (q one of
+    `dtypes`; the pages q's dtype or fp8: kv_quant.py), head dim, page size, the metadata and the
+    options."""
     if not isinstance(md, PagedAttentionMetadata):
         raise TypeError(f"md must be a PagedAttentionMetadata, got {type(md).__name__}")
     if q.ndim != 3:
@@ -69,9 +72,14 @@ def check_inputs(
         raise ValueError(f"num q heads {hq} must be a multiple of num kv heads {hkv}")
     if ps < 1 or ps & (ps - 1):
         raise ValueError(f"page_size={ps} must be a power of two")
-    if q.dtype not in dtypes or k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
+    if q.dtype not in dtypes:
         names = ", ".join(jnp.dtype(t).name for t in dtypes)
-        raise ValueError(f"q/k/v dtype must match and be one of {names}; got {q.dtype}, {k_pages.dtype}")
+        raise ValueError(f"q dtype must be one of {names}; got {q.dtype}")
+    if k_pages.dtype != v_pages.dtype or not (k_pages.dtype == q.dtype or is_fp8(k_pages.dtype)):
+        raise ValueError(
+            f"k_pages/v_pages dtype must be q's ({q.dtype}) or an fp8 one (float8_e4m3fn, float8_e5m2) for "
+            f"both; got {k_pages.dtype}, {v_pages.dtype}"
+        )
     md.check()
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"{sliding_window=} must be >= 1 or None")

@@ -7,6 +7,8 @@ are padding: their output is zero.
 
 It gathers every row's whole block table and does a masked softmax in float32: simple enough to be
 trusted, and it runs on any platform (the CPU engine's attention).
+
+FP8 pages (kv_quant.py) are read as stored * k_scale (v_scale for V), in float32; other pages as they are.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxllm.kernels.kv_quant import dequantize_kv
 from jaxllm.kernels.metadata import PagedAttentionMetadata
 
 
@@ -29,6 +32,8 @@ def ref_ragged_paged_attention(
     sm_scale: float,
     soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale=1.0,  # float or f32[]: fp8 pages hold k / k_scale (kv_quant.py); unused for other dtypes
+    v_scale=1.0,
 ):
     """Plain-jnp reference: gathers each token's sequence pages and does masked softmax in float32."""
     kv_lens, block_tables, cu_q_lens, num_seqs = md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs
@@ -49,7 +54,7 @@ def ref_ragged_paged_attention(
     k = k_pages[:, pages].reshape(hkv, t, b * ps, d)  # [Hkv, T, L, D]
     v = v_pages[:, pages].reshape(hkv, t, b * ps, d)
     qg = q.reshape(t, hkv, g, d).astype(jnp.float32)
-    scores = jnp.einsum("thgd,htld->thgl", qg, k.astype(jnp.float32)) * sm_scale
+    scores = jnp.einsum("thgd,htld->thgl", qg, dequantize_kv(k, k_scale, jnp.float32)) * sm_scale
     if soft_cap is not None:
         scores = soft_cap * jnp.tanh(scores / soft_cap)
     kv_pos = jnp.arange(b * ps, dtype=jnp.int32)
@@ -63,7 +68,7 @@ def ref_ragged_paged_attention(
     p = jnp.where(mask[:, None, None, :], jnp.exp(scores - m), 0.0)
     denom = jnp.sum(p, axis=-1, keepdims=True)
     # A masked-out page may hold NaN/inf garbage: select, never multiply, so it cannot leak.
-    vf = jnp.where(mask[None, :, :, None], v.astype(jnp.float32), 0.0)
+    vf = jnp.where(mask[None, :, :, None], dequantize_kv(v, v_scale, jnp.float32), 0.0)
     out = jnp.einsum("thgl,htld->thgd", p, vf)
     out = out / jnp.where(denom == 0.0, 1.0, denom)
     return out.reshape(t, hq, d).astype(q.dtype)

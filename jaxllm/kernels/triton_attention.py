@@ -21,6 +21,12 @@ sequence's context: query row i of a q_len chunk sits at kv_len - q_len + i) and
 window, kv_pos > position - window. Scores are *selected*, never multiplied, and V rows past kv_len are
 zeroed, so garbage (NaN) in unused pages or the tail of the last page cannot leak.
 
+FP8 pages (kv_quant.py: stored = k / k_scale in float8): each K/V block is loaded in its 8 bits (half
+the bytes of bf16, which is what decode is bound by) and upcast to q's dtype in registers, so both dots
+stay bf16/f16 x bf16/f16 with f32 accumulation. The scales never touch the blocks: q k_scale . k8 is
+q . (k8 k_scale), so k_scale joins the factor q is multiplied by once per program, and
+sum p (v8 v_scale) = v_scale sum p v8, so v_scale multiplies the accumulator once at the end.
+
 Static variants of the loop (knobs of ragged_paged_attention, compared by benchmarks/kernel_sweep.py):
   loop_layout="split": three loops, masked head (sliding window only), unmasked interior, masked tail;
     the interior skips the mask arithmetic. "masked": one loop that masks every step.
@@ -54,6 +60,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxllm.kernels.kv_quant import is_fp8, scales_array
 from jaxllm.kernels.metadata import PagedAttentionMetadata, check_inputs
 from jaxllm.kernels.ragged_batch import (
     decode_like,
@@ -91,10 +98,11 @@ def _rpa_kernel(
     pos0_ref,  # i32[W]
     bt_ref,  # i32[S, Bp]
     q_ref,  # [Tp, Gp, D]  (KV head squeezed)
-    k_ref,  # [P, PS, D]
+    k_ref,  # [P, PS, D]  (q's dtype, or fp8)
     v_ref,  # [P, PS, D]
-    o_ref,  # [Tp, Gp, D]  (q dtype; float32 per split when k_splits > 1)
-    *stat_refs,  # k_splits > 1: m_ref, l_ref f32[Tp, Gp]
+    *refs,  # fp8 pages: scale_ref f32[2] (k_scale, v_scale) first; then:
+    # o_ref  [Tp, Gp, D]  (q dtype; float32 per split when k_splits > 1)
+    # k_splits > 1: m_ref, l_ref f32[Tp, Gp]
     sm_scale: float,
     soft_cap: float | None,
     sliding_window: int | None,
@@ -103,7 +111,11 @@ def _rpa_kernel(
     k_splits: int,
     loop_layout: str,
     prefetch_pages: bool,
+    quantized: bool,
 ):
+    scale_ref = refs[0] if quantized else None
+    o_ref, *stat_refs = refs[1:] if quantized else refs
+    cdt = q_ref.dtype  # compute dtype of both dots (fp8 pages are upcast to it)
     w = pl.program_id(1)
     split = pl.program_id(2)
     _, gp, d = q_ref.shape
@@ -125,9 +137,13 @@ def _rpa_kernel(
 
     q = plgpu.load(q_ref.at[pl.ds(q0, block_q), :, :], mask=tok_valid[:, None, None], other=0.0)
     q = q.reshape(m_rows, d)
-    if soft_cap is None:
-        # Fold the softmax scale and log2(e) into q once, so scores feed exp2 directly.
-        q = (q.astype(jnp.float32) * (sm_scale * _LOG2E)).astype(q_ref.dtype)
+    # Fold the softmax scale and log2(e) into q once, so scores feed exp2 directly (not under a soft cap,
+    # which needs the raw scores), and fp8 pages' k_scale (module docstring).
+    q_factor = None if soft_cap is not None else sm_scale * _LOG2E
+    if quantized:
+        q_factor = scale_ref[0] if q_factor is None else scale_ref[0] * q_factor
+    if q_factor is not None:
+        q = (q.astype(jnp.float32) * q_factor).astype(cdt)
 
     # Key range this program must visit: causal limit of its last row, window start of its last row
     # (the earliest key any row may see is the first row's), in key steps of bk; then this split's
@@ -162,11 +178,11 @@ def _rpa_kernel(
         else:
             acc, m_prev, l_prev = carry
             pages = page_ids(kb)
-        k = k_ref[pages].reshape(bk, d)
+        k = k_ref[pages].reshape(bk, d).astype(cdt)  # fp8 pages: upcast in registers
         s = plgpu.dot(q, k, trans_b=True)  # f32[M, BK], in log2 units unless soft-capped
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s * (sm_scale / soft_cap)) * _LOG2E
-        v = v_ref[pages].reshape(bk, d)
+        v = v_ref[pages].reshape(bk, d).astype(cdt)
         if masked:
             kv_pos = kb * bk + jnp.arange(bk, dtype=jnp.int32)  # [BK]
             in_ctx = kv_pos < kv_len
@@ -201,6 +217,8 @@ def _rpa_kernel(
         carry = lax.fori_loop(mid_lo, mid_hi, functools.partial(body, masked=False), carry)
         carry = lax.fori_loop(mid_hi, blk_hi, masked_body, carry)
     acc, m_i, l_i = carry[:3]
+    if quantized:
+        acc = acc * scale_ref[1]  # v_scale, once (module docstring)
 
     out_rows = o_ref.at[pl.ds(q0, block_q), :, :]
     if not stat_refs:
@@ -315,6 +333,8 @@ def ragged_paged_attention(
     prefetch_pages: bool | None = None,
     split_decode: bool | None = None,
     q_heads: int | None = None,
+    k_scale=1.0,
+    v_scale=1.0,
 ):
     """Attention of a ragged batch (decode rows and prefill chunks together) over a paged KV cache.
 
@@ -326,6 +346,8 @@ def ragged_paged_attention(
     their own launch with the decode config; the knobs given apply to the other rows.
     q_heads: q's first q_heads heads are the queries and more heads follow (a fused q|k|v array, read in
     place where its head groups line up with the launch layout: to_launch_layout).
+    k_scale, v_scale (float or f32[]): fp8 pages hold k / k_scale and v / v_scale (kv_quant.py); unused
+    for pages of q's dtype.
     """
     check_inputs(
         query_view(q, q_heads), k_pages, v_pages, md, dtypes=DTYPES, sliding_window=sliding_window,
@@ -354,6 +376,7 @@ def ragged_paged_attention(
     launch = functools.partial(
         launch_rows, qg, k_pages, v_pages, md, t=t,
         sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, interpret=interpret,
+        k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     if dcfg is None:
         out = launch(cfg, select="all")
@@ -370,12 +393,14 @@ def launch_rows(
     md: PagedAttentionMetadata,
     cfg: dict,  # resolve_config(...)
     *, t, select, num_items=None, max_q_len=None, prior=None, sm_scale, soft_cap, sliding_window, interpret,
+    k_scale=1.0, v_scale=1.0,
 ):  # fmt: skip
     """One pallas_call over the work items of `select` rows (triton_schedule.build_work_items); returns
     [Tp, Hkv, Gp, D] in q's dtype. `prior` (k_splits == 1 only): an output to write into, aliased; rows
-    this launch skips keep it."""
+    this launch skips keep it. k_scale, v_scale: as in ragged_paged_attention (fp8 pages only)."""
     tp, _, gp, d = qg.shape
     hkv = k_pages.shape[0]
+    quantized = is_fp8(k_pages.dtype)
     block_tables = md.block_tables
     b = block_tables.shape[1]
     block_q, ppb, k_splits = cfg["block_q"], cfg["pages_per_block"], cfg["k_splits"]
@@ -422,19 +447,25 @@ def launch_rows(
         k_splits=k_splits,
         loop_layout=cfg["loop_layout"],
         prefetch_pages=cfg["prefetch_pages"],
+        quantized=quantized,
     )
     args = [items.seq, items.q0, items.q1, items.kv_len, items.pos0, bt, qg, k_pages, v_pages]
+    if quantized:
+        in_specs.append(pl.BlockSpec((2,), lambda h, i, c: (0,)))
+        args.append(scales_array(k_scale, v_scale))
     aliases = {}
     if prior is not None:
         inner = kernel
+        n_in = len(args)
 
         def kernel(*refs):  # the prior output's input ref is never read: its rows stay as they are
-            inner(*refs[:9], *refs[10:])
+            inner(*refs[:n_in], *refs[n_in + 1 :])
 
         in_specs.append(out_specs)
         args.append(prior)
-        aliases = {9: 0}
+        aliases = {n_in: 0}
     variant = ("_masked" if cfg["loop_layout"] == "masked" else "") + ("_pf" if cfg["prefetch_pages"] else "")
+    variant += "_fp8" if quantized else ""
     res = pl.pallas_call(
         kernel,
         grid=(hkv, w, k_splits),

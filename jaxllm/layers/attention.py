@@ -6,6 +6,12 @@ plain-jnp ops of jaxllm.kernels (any platform; what the CPU uses), "pallas" runs
 (sm_90 only; jaxllm/kernels/hopper_dispatch.py).
 This is the only module of the model that calls into jaxllm.kernels.
 
+FP8 caches (`kv_cache_dtype="fp8"`: pages of float8_e4m3fn or float8_e5m2) are read and written by every
+backend (jaxllm/kernels/kv_quant.py): the write stores k / k_scale saturated to the format, attention
+reads stored * k_scale (v_scale for V). The scales are per layer: `kv_cache_scales(module)` takes a
+checkpoint's `k_scale` / `v_scale` from the attention module's params (f32[]) and 1.0 where it has none,
+as vLLM does.
+
 Under tensor parallelism (a "tp" mesh set by `jaxllm.parallel.mesh_context` while the step is traced) the
 kernels run under `shard_map` over the head axis: each device attends with its own query heads and the
 KV heads (cache pages included) they read; the kernels never see a sharding.
@@ -14,6 +20,7 @@ KV heads (cache pages included) they read; the kernels never see a sharding.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxllm.kernels.kv_write_xla import ref_write_kv_cache
@@ -38,6 +45,33 @@ def is_hopper(device) -> bool:
     return str(getattr(device, "compute_capability", "")).split(".")[0] == "9"
 
 
+def check_kv_cache_dtype(kv_cache_dtype: str, page_dtype, backend: str, device) -> None:
+    """float8_e4m3fn pages on the GPU kernels need compute capability 8.9 or newer (Ada, Hopper): JAX's
+    Triton lowering converts to and from e4m3 only there, so an older GPU would fail at compile time.
+    e5m2 converts on any GPU. Raises ValueError naming the setting."""
+    if backend not in ("pallas", "pallas-hopper") or jnp.dtype(page_dtype) != jnp.dtype(jnp.float8_e4m3fn):
+        return
+    cc = str(getattr(device, "compute_capability", "") or "")
+    try:
+        major, minor = (int(x) for x in cc.split(".")[:2])
+    except ValueError:
+        return  # not reported: the compiler has the last word
+    if (major, minor) < (8, 9):
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r} (--kv-cache-dtype; float8_e4m3fn pages) needs a GPU of compute "
+            f"capability 8.9 or newer for the attention kernels; this one has {cc}: use fp8_e5m2"
+        )
+
+
+def kv_cache_scales(module) -> tuple:
+    """(k_scale, v_scale) of an attention module's layer: its params `k_scale` / `v_scale` (f32[], from a
+    checkpoint with an FP8 KV-cache scheme) where present, else 1.0. Only fp8 caches use them."""
+    return tuple(
+        module.get_variable("params", name) if module.has_variable("params", name) else 1.0
+        for name in ("k_scale", "v_scale")
+    )
+
+
 def paged_attention(
     q: jax.Array,  # [T, Hq, D]
     k: jax.Array,  # [T, Hkv, D]
@@ -49,11 +83,13 @@ def paged_attention(
     backend: str = "reference",
     soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale=1.0,  # float or f32[]: fp8 pages hold k / k_scale (module docstring)
+    v_scale=1.0,
 ) -> tuple[jax.Array, KVCache]:
     kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)
     mesh = current_tp_mesh()
     if mesh is None:
-        return _local_paged_attention(q, k, v, kv_cache, md, **kw)
+        return _local_paged_attention(q, k, v, kv_cache, md, k_scale, v_scale, **kw)
     n, hkv = mesh.shape[TP_AXIS], k.shape[1]
     if hkv % n:
         raise ValueError(
@@ -64,12 +100,12 @@ def paged_attention(
     heads = P(None, TP_AXIS, None)  # q [T, Hq/N, D], k and v [T, Hkv/N, D], out [T, Hq/N, D]
     pages = (P(TP_AXIS, None, None, None), P(TP_AXIS, None, None, None))  # this device's cache heads
     return jax.shard_map(
-        lambda q, k, v, c, m: _local_paged_attention(q, k, v, c, m, **kw),
+        lambda q, k, v, c, m, ks, vs: _local_paged_attention(q, k, v, c, m, ks, vs, **kw),
         mesh=mesh,
-        in_specs=(heads, heads, heads, pages, P()),  # md: every device sees the whole batch
+        in_specs=(heads, heads, heads, pages, P(), P(), P()),  # md, scales: every device sees them whole
         out_specs=(heads, pages),
         check_vma=False,  # the GPU kernels carry no varying-axis annotations
-    )(q, k, v, kv_cache, md)
+    )(q, k, v, kv_cache, md, *_scale_arrays(k_scale, v_scale))
 
 
 def paged_attention_qkv(
@@ -82,6 +118,8 @@ def paged_attention_qkv(
     backend: str = "reference",
     soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale=1.0,  # float or f32[]: fp8 pages hold k / k_scale (module docstring)
+    v_scale=1.0,
 ) -> tuple[jax.Array, KVCache]:  # ([T, Hq, D], cache)
     """paged_attention of a fused q|k|v projection. The GPU kernels read q, k and v in place (the KV write
     at head offsets, the attention through a grouped view of the array), so nothing cuts them out first:
@@ -91,28 +129,37 @@ def paged_attention_qkv(
     kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)
     mesh = current_tp_mesh()
     if mesh is None:
-        return _local_qkv_attention(qkv, kv_cache, md, num_q_heads=num_q_heads, **kw)
+        return _local_qkv_attention(qkv, kv_cache, md, k_scale, v_scale, num_q_heads=num_q_heads, **kw)
     n = mesh.shape[TP_AXIS]
     pages = (P(TP_AXIS, None, None, None), P(TP_AXIS, None, None, None))
     return jax.shard_map(
-        lambda x, c, m: _local_qkv_attention(x, c, m, num_q_heads=num_q_heads // n, **kw),
+        lambda x, c, m, ks, vs: _local_qkv_attention(x, c, m, ks, vs, num_q_heads=num_q_heads // n, **kw),
         mesh=mesh,
-        in_specs=(P(None, TP_AXIS, None), pages, P()),
+        in_specs=(P(None, TP_AXIS, None), pages, P(), P(), P()),
         out_specs=(P(None, TP_AXIS, None), pages),
         check_vma=False,
-    )(qkv, kv_cache, md)
+    )(qkv, kv_cache, md, *_scale_arrays(k_scale, v_scale))
 
 
-def _local_qkv_attention(qkv, kv_cache, md, *, num_q_heads, sm_scale, backend, soft_cap, sliding_window):
+def _scale_arrays(k_scale, v_scale) -> tuple[jax.Array, jax.Array]:
+    """The scales as f32[] arrays, the form shard_map passes to every device whole."""
+    return jnp.asarray(k_scale, jnp.float32), jnp.asarray(v_scale, jnp.float32)
+
+
+def _local_qkv_attention(
+    qkv, kv_cache, md, k_scale, v_scale, *, num_q_heads, sm_scale, backend, soft_cap, sliding_window
+):
     hq = num_q_heads
     s = (qkv.shape[1] - hq) // 2
     if backend not in ("pallas", "pallas-hopper"):
         q, k, v = qkv[:, :hq], qkv[:, hq : hq + s], qkv[:, hq + s :]
         kw = dict(sm_scale=sm_scale, backend=backend, soft_cap=soft_cap, sliding_window=sliding_window)
-        return _local_paged_attention(q, k, v, kv_cache, md, **kw)
+        return _local_paged_attention(q, k, v, kv_cache, md, k_scale, v_scale, **kw)
     from jaxllm.kernels import ops as gpu_ops
 
-    k_pages, v_pages = gpu_ops.write_kv_cache(qkv, qkv, *kv_cache, md.slot_mapping, k_head=hq, v_head=hq + s)
+    k_pages, v_pages = gpu_ops.write_kv_cache(
+        qkv, qkv, *kv_cache, md.slot_mapping, k_scale, v_scale, k_head=hq, v_head=hq + s
+    )
     attend = (
         gpu_ops.ragged_paged_attention_hopper
         if backend == "pallas-hopper"
@@ -121,11 +168,14 @@ def _local_qkv_attention(qkv, kv_cache, md, *, num_q_heads, sm_scale, backend, s
     out = attend(
         qkv, k_pages, v_pages, md.paged,
         sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, q_heads=hq,
+        k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     return out, (k_pages, v_pages)
 
 
-def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap, sliding_window):
+def _local_paged_attention(
+    q, k, v, kv_cache, md, k_scale, v_scale, *, sm_scale, backend, soft_cap, sliding_window
+):
     k_pages, v_pages = kv_cache
     if backend in ("pallas", "pallas-hopper"):
         from jaxllm.kernels import ops as gpu_ops  # imported lazily: only GPU hosts need the kernels compiled
@@ -135,8 +185,9 @@ def _local_paged_attention(q, k, v, kv_cache, md, *, sm_scale, backend, soft_cap
         attend = gpu_ops.ragged_paged_attention_hopper if hopper else gpu_ops.ragged_paged_attention
     else:
         write, attend = ref_write_kv_cache, ref_ragged_paged_attention
-    k_pages, v_pages = write(k, v, k_pages, v_pages, md.slot_mapping)
+    k_pages, v_pages = write(k, v, k_pages, v_pages, md.slot_mapping, k_scale, v_scale)
     out = attend(
-        q, k_pages, v_pages, md.paged, sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window
-    )
+        q, k_pages, v_pages, md.paged,
+        sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
     return out, (k_pages, v_pages)

@@ -17,6 +17,7 @@ Parameter tree (kernels are [in, out]; H hidden, Nq/Nkv heads, D head dim, I int
   layers_{i}/attn/o_proj/kernel     [Nq*D, H]    (row-parallel)
   layers_{i}/attn/q_norm/scale      [D]          (Qwen3 only)
   layers_{i}/attn/k_norm/scale      [D]          (Qwen3 only)
+  layers_{i}/attn/k_scale, v_scale  f32[]        (optional: a checkpoint's FP8 KV-cache scales; 1.0 if absent)
   layers_{i}/post_attn_norm/scale   [H]
   layers_{i}/mlp/gate_up_proj/kernel [H, 2I]     gate|up fused (column-parallel)
   layers_{i}/mlp/down_proj/kernel   [I, H]       (row-parallel)
@@ -35,7 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxllm.layers.attention import paged_attention, paged_attention_qkv
+from jaxllm.layers.attention import kv_cache_scales, paged_attention, paged_attention_qkv
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.layers.linear import linear
 from jaxllm.layers.norm import RMSNorm
@@ -124,6 +125,7 @@ class LlamaAttention(nn.Module):
             x
         )
         kw = dict(sm_scale=a.head_dim**-0.5, backend=self.attn_backend, sliding_window=a.sliding_window)
+        kw["k_scale"], kw["v_scale"] = kv_cache_scales(self)  # fp8 caches only
         if not a.qk_norm:
             # q and k rotate in place inside the fused array, which attention reads as it is.
             heads = qkv.reshape(t, -1, a.head_dim)  # [T, Hq + 2S, D], shard by shard

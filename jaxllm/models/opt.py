@@ -11,6 +11,7 @@ Parameter tree (kernels [in, out]; H hidden, E word_embed_proj_dim, F ffn_dim, V
   embed_tokens/embedding [V, E]   embed_positions/embedding [M + 2, H]   project_in/kernel [E, H] (if E != H)
   layers_{i}/attn/{q,k,v}_proj/{kernel [H, H], bias [H]}   layers_{i}/attn/o_proj/{kernel, bias}
   layers_{i}/attn_norm/{scale, bias} [H]   layers_{i}/mlp/fc1/{kernel [H, F], bias}   mlp/fc2 [F, H]
+  layers_{i}/attn/{k_scale, v_scale} f32[] (optional: FP8 KV-cache scales)
   layers_{i}/mlp_norm/{scale, bias}   final_norm/{scale, bias} (pre-LN only)   project_out/kernel [H, E]
   lm_head/kernel [E, V] (untied only)
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from jaxllm.layers.attention import paged_attention
+from jaxllm.layers.attention import kv_cache_scales, paged_attention
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.layers.linear import linear
 from jaxllm.layers.norm import LayerNorm
@@ -43,9 +44,11 @@ class OPTAttention(nn.Module):
         q = dense("q_proj")(x).reshape(t, a.num_heads, a.head_dim)
         k = dense("k_proj")(x).reshape(t, a.num_heads, a.head_dim)
         v = dense("v_proj")(x).reshape(t, a.num_heads, a.head_dim)
+        k_scale, v_scale = kv_cache_scales(self)  # fp8 caches only
         out, kv_cache = paged_attention(
-            q, k, v, kv_cache, md, sm_scale=a.head_dim**-0.5, backend=self.attn_backend
-        )
+            q, k, v, kv_cache, md, sm_scale=a.head_dim**-0.5, backend=self.attn_backend,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
         return dense("o_proj")(out.reshape(t, -1)), kv_cache
 
 

@@ -5,6 +5,11 @@ so XLA updates it in place. The number of pages P comes from `gpu_memory_utiliza
 limit (XLA's allocator pool, which the entry points size from the same fraction) minus the weights and the
 largest step's temporaries (from the compiled step's memory analysis), or from `num_gpu_blocks_override`.
 Swapped-out blocks live in numpy arrays of the same layout with `num_cpu_blocks` pages.
+
+The pages' dtype comes from `kv_cache_dtype` (vLLM's names, `kv_page_dtype`): "auto" is the weights',
+"fp8" / "fp8_e4m3" / "fp8_e5m2" are one-byte pages holding K/V scaled by each layer's k_scale / v_scale
+(jaxllm/kernels/kv_quant.py). Every size here is counted in bytes of that dtype, so an fp8 cache holds
+twice the blocks of a bf16 one in the same memory; swaps copy the stored bytes as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +28,21 @@ logger = logging.getLogger("jaxllm")
 # small buffers outside the step (a 512 MiB margin ran out of memory at the Llama-3.1-8B shape).
 _SAFETY_BYTES = 2 << 30
 _CPU_KV_BUDGET_BYTES = int(os.environ.get("JAXLLM_CPU_KV_CACHE_BYTES", 1 << 30))
+
+# vLLM's --kv-cache-dtype names of 8-bit caches, and the page dtype each stores ("fp8" is e4m3, as there).
+FP8_KV_CACHE_DTYPES = {
+    "fp8": jnp.float8_e4m3fn,
+    "fp8_e4m3": jnp.float8_e4m3fn,
+    "fp8_e5m2": jnp.float8_e5m2,
+}
+
+
+def kv_page_dtype(kv_cache_dtype: str, model_dtype) -> jnp.dtype:
+    """The KV pages' dtype for a `kv_cache_dtype` setting (config.KV_CACHE_DTYPES): "auto" is the
+    weights' dtype, an fp8 name its float8 type, any other name that dtype."""
+    if kv_cache_dtype == "auto":
+        return jnp.dtype(model_dtype)
+    return jnp.dtype(FP8_KV_CACHE_DTYPES.get(kv_cache_dtype, kv_cache_dtype))
 
 
 @dataclass(frozen=True, slots=True)

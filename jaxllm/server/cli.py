@@ -39,8 +39,8 @@ logger = logging.getLogger("jaxllm.server")
 
 # startup_info entries the engine's own log already states (its limits above all: printed once, there)
 _LOGGED_BY_THE_ENGINE = (
-    "model", "device", "platform", "dtype", "kv_cache_dtype", "attention_backend", "num_gpu_blocks",
-    "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_concurrency",
+    "model", "device", "platform", "dtype", "kv_cache_dtype", "kv_cache_scales", "attention_backend",
+    "num_gpu_blocks", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_concurrency",
 )  # fmt: skip
 
 

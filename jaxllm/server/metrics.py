@@ -1,6 +1,8 @@
 """Prometheus metrics with vLLM's names under the `jaxllm:` prefix, in a registry owned by one app.
 
-Two sources feed it:
+Three sources feed it:
+- the engine's start-up figures (`startup_info`): `cache_config_info`, vLLM's info gauge of the KV cache
+  (value 1; labels: block size, the pages' dtype, the blocks on the device and the host);
 - the engine's latest `EngineStats` snapshot (immutable, published by the engine thread after each step),
   read at scrape time by `_EngineStatsCollector`: gauges for running, waiting and KV usage; counters for
   the engine's cumulative token/prefix/preemption/step counts; the tokens-per-step histogram;
@@ -128,6 +130,28 @@ class _EngineStatsCollector:
             host.add_metric([self.model_name, phase], s.step_host_s.get(phase, 0.0))
         yield host
         yield _iteration_histogram(s.iteration_tokens_buckets, s.iteration_tokens_sum, self.model_name)
+        yield _cache_config_info(getattr(self.engine, "startup_info", {}), self.model_name)
+
+
+# cache_config_info's labels (vLLM's names) and the startup_info entries they come from.
+_CACHE_INFO_LABELS = {
+    "block_size": "block_size",
+    "cache_dtype": "kv_cache_dtype",
+    "num_gpu_blocks": "num_gpu_blocks",
+    "num_cpu_blocks": "num_cpu_blocks",
+}
+
+
+def _cache_config_info(info: dict, model_name: str) -> GaugeMetricFamily:
+    """vLLM's `cache_config_info`: the KV cache's configuration as labels of a gauge of value 1.
+    cache_dtype is the pages' element type as allocated (float8_e4m3fn for --kv-cache-dtype fp8)."""
+    g = GaugeMetricFamily(
+        "jaxllm:cache_config_info",
+        "Information of the KV cache configuration (labels); the value is always 1.",
+        labels=["model_name", *_CACHE_INFO_LABELS],
+    )
+    g.add_metric([model_name, *(str(info.get(key, "")) for key in _CACHE_INFO_LABELS.values())], 1.0)
+    return g
 
 
 def _iteration_histogram(counts: tuple[int, ...], total: int, model_name: str) -> HistogramMetricFamily:

@@ -5,6 +5,9 @@ A problem is built to catch what kernels get wrong: block tables are a random pe
 kernel that multiplies instead of selecting leaks it), a few padding rows follow the real ones (they
 must come out zero) and a padding sequence slot follows the real sequences. assert_matches_reference
 checks all of that against the plain-jnp reference's output.
+
+With `kv_dtype` an fp8 type the pages are stored as an FP8 KV cache holds them (kv_quant.quantize_kv with
+the problem's k_scale / v_scale; NaN stays NaN there), and every op is given the scales (`scales()`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.kernels.kv_quant import is_fp8, quantize_kv
 from jaxllm.kernels.metadata import PagedAttentionMetadata
 
 # Relative L2 error allowed against the float32 reference, by input dtype.
@@ -40,10 +44,18 @@ class Problem:
     v_pages: jnp.ndarray  # [Hkv, P, PS, D]
     md: PagedAttentionMetadata  # S sequence slots, the last pad_seqs of them padding
     num_rows: int  # real query rows; rows past it are padding
+    k_scale: float = 1.0  # fp8 pages hold k / k_scale
+    v_scale: float = 1.0
 
     def args(self):
         """(q, k_pages, v_pages, md): the positional arguments of every attention op."""
         return self.q, self.k_pages, self.v_pages, self.md
+
+    def scales(self) -> dict:
+        """The keyword arguments that tell an op the fp8 pages' scales ({} for pages of q's dtype)."""
+        if not is_fp8(self.k_pages.dtype):
+            return {}
+        return {"k_scale": self.k_scale, "v_scale": self.v_scale}
 
 
 def make_problem(
@@ -59,10 +71,14 @@ def make_problem(
     pad_rows: int = 3,
     pad_seqs: int = 1,
     extra_table_pages: int = 1,
+    kv_dtype=None,
+    kv_scales: tuple[float, float] = (1 / 16, 1 / 32),
 ) -> Problem:
     """Sequence i has q_lens[i] query rows (its last ones) and kv_lens[i] tokens of context.
     `extra_table_pages`: block-table columns past the longest sequence's pages (the engine's tables are
-    max_model_len / page_size wide, most of them unused)."""
+    max_model_len / page_size wide, most of them unused). `kv_dtype`: the pages' dtype (None: `dtype`);
+    an fp8 one stores them with `kv_scales` (k_scale, v_scale): powers of two by default, which put the
+    standard-normal values mid-range of e4m3 (|k| / k_scale up to about 80, of 448)."""
     rng = np.random.default_rng(seed)
     n = len(q_lens)
     s = n + pad_seqs
@@ -95,10 +111,22 @@ def make_problem(
         cu_q_lens=jnp.asarray(cu),
         num_seqs=jnp.asarray([n], jnp.int32),
     )
+    if kv_dtype is not None and is_fp8(kv_dtype):
+        k_scale, v_scale = kv_scales
+        return Problem(
+            q=jnp.asarray(q, dtype),
+            k_pages=quantize_kv(jnp.asarray(k), k_scale, kv_dtype),
+            v_pages=quantize_kv(jnp.asarray(v), v_scale, kv_dtype),
+            md=md,
+            num_rows=int(cu[n]),
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
     return Problem(
         q=jnp.asarray(q, dtype),
-        k_pages=jnp.asarray(k, dtype),
-        v_pages=jnp.asarray(v, dtype),
+        k_pages=jnp.asarray(k, kv_dtype),
+        v_pages=jnp.asarray(v, kv_dtype),
         md=md,
         num_rows=int(cu[n]),
     )

@@ -19,10 +19,11 @@ from jaxllm.testing.kernel_cases import Problem, assert_matches_reference, make_
 
 
 def check_against_reference(op, prob: Problem, *, sm_scale: float, **kw) -> None:
-    """op(*prob.args(), **kw) against the reference given the same soft cap / sliding window."""
+    """op(*prob.args(), **kw) against the reference given the same soft cap / sliding window (and the
+    problem's scales where its pages are fp8)."""
     ref_kw = {k: kw[k] for k in ("soft_cap", "sliding_window") if k in kw}
-    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=sm_scale, **ref_kw)
-    out = op(*prob.args(), sm_scale=sm_scale, **kw)
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=sm_scale, **ref_kw, **prob.scales())
+    out = op(*prob.args(), sm_scale=sm_scale, **kw, **prob.scales())
     assert_matches_reference(out, ref, prob, tolerance(prob.q.dtype))
 
 

@@ -179,6 +179,9 @@ def test_coverage_rules():
     assert not mosaic_covers(2048, 256, 2048, jnp.bfloat16, 4, 128, **kw)  # page below 8
     assert not mosaic_covers(2048, 256, 64, jnp.bfloat16, 128, 256, **kw)  # does not divide 64-token blocks
     assert not mosaic_covers(2048, 256, 512, jnp.bfloat16, 16, 128, **{**kw, "soft_cap": 30.0})
+    assert mosaic_covers(2048, 256, 512, jnp.bfloat16, 16, 128, **kw, kv_dtype=jnp.bfloat16)
+    for fp8 in (jnp.float8_e4m3fn, jnp.float8_e5m2):  # fp8 pages stay on the Triton kernel
+        assert not mosaic_covers(2048, 256, 512, jnp.bfloat16, 16, 128, **kw, kv_dtype=fp8)
 
 
 def test_decode_coverage_rules():
@@ -191,6 +194,35 @@ def test_decode_coverage_rules():
     assert not decode_mosaic_covers(256, 256, 32, 8, jnp.bfloat16, 4, **kw)  # page below 8
     assert not decode_mosaic_covers(256, 256, 128, 1, jnp.bfloat16, 16, **kw)  # 128 heads per KV head
     assert not decode_mosaic_covers(256, 256, 32, 8, jnp.bfloat16, 16, **{**kw, "soft_cap": 30.0})
+    assert decode_mosaic_covers(32, 32, 32, 8, jnp.bfloat16, 16, **kw, kv_dtype=jnp.bfloat16)
+    for fp8 in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+        assert not decode_mosaic_covers(32, 32, 32, 8, jnp.bfloat16, 16, **kw, kv_dtype=fp8)
+
+
+@pytest.mark.parametrize(
+    "q_lens, kv_lens, kw",
+    [
+        ([1, 150, 1, 20, 3], [1023, 300, 513, 20, 40], {"mosaic_min_q_len": 16, **P0}),  # prefill routing
+        ([1, 1, 1, 2], [100, 3, 513, 9], {"decode_min_units": 1}),  # decode routing
+        ([1, 1, 1, 1], [100, 3, 513, 9], {"decode_min_units": 1}),  # a T == S decode bucket
+    ],
+    ids=["prefill", "decode-like", "decode-bucket"],
+)
+@pytest.mark.parametrize("kv_dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_fp8_pages_go_to_the_triton_kernel(q_lens, kv_lens, kw, kv_dtype, interpret, monkeypatch):
+    """Batches that would take the Mosaic kernels run on the Triton kernel when the pages are fp8 (module
+    docstring of hopper_dispatch.py), with the scales, and match the reference on those pages."""
+    import jaxllm.kernels.hopper_dispatch as hopper
+
+    def no_mosaic(*args, **kwargs):
+        raise AssertionError("fp8 pages reached a Mosaic kernel")
+
+    monkeypatch.setattr(hopper, "prefill_paged_attention_mgpu", no_mosaic)
+    monkeypatch.setattr(hopper, "decode_launch", no_mosaic)
+    prob = make_problem(
+        q_lens, kv_lens, hq=4, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16, kv_dtype=kv_dtype
+    )
+    check_against_reference(ragged_paged_attention_hopper, prob, sm_scale=0.125, interpret=interpret, **kw)
 
 
 def test_rejects_min_q_len_below_two():

@@ -1,7 +1,9 @@
 """ragged_paged_attention (Pallas) against ref_ragged_paged_attention (plain jnp, float32 softmax).
 
 Default grid: a small set that covers every value of every axis at least once (interpret mode on the
-CPU). `-m full_grid`: the product grid. `--gpu` runs both compiled on the GPU.
+CPU). `-m full_grid`: the product grid. `--gpu` runs both compiled on the GPU. A case's "kv_dtype" is the
+pages' dtype (an FP8 KV cache: pages stored with scales, NaN still in the unused ones); the op and the
+reference are given the same pages and scales.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import itertools
 import jax.numpy as jnp
 import pytest
 
+from jaxllm.kernels.reference import ref_ragged_paged_attention
 from jaxllm.kernels.triton_attention import ragged_paged_attention, split_steps
-from jaxllm.testing.kernel_cases import MODES, make_problem
+from jaxllm.testing.kernel_cases import MODES, make_problem, rel_err, tolerance
 from tests.kernels.checks import (
     CONTRACT_VIOLATIONS,
     assert_detects_wrong_answer,
@@ -21,7 +24,9 @@ from tests.kernels.checks import (
     check_against_reference,
 )
 
-# (mode, dtype, page_size, (hq, hkv), d, extra kwargs)
+E4M3, E5M2 = {"kv_dtype": jnp.float8_e4m3fn}, {"kv_dtype": jnp.float8_e5m2}
+
+# (mode, dtype, page_size, (hq, hkv), d, extra kwargs; "kv_dtype" goes to the problem, not the op)
 SMALL = [
     ("decode", jnp.bfloat16, 16, (8, 2), 128, {}),
     ("decode", jnp.float16, 32, (4, 1), 64, {}),  # MQA
@@ -46,6 +51,14 @@ SMALL = [
         128,
         {"prefetch_pages": True, "sliding_window": 100, "soft_cap": 30.0},
     ),
+    # FP8 pages: each launch shape (decode, split-KV, prefill tiles, decode rows split off into a prior
+    # output, the masked loop with carried ids, soft cap and window), both formats, bf16 and f16 q.
+    ("decode", jnp.bfloat16, 16, (8, 2), 128, E4M3),
+    ("decode", jnp.bfloat16, 16, (8, 2), 64, {"k_splits": 3, **E5M2}),
+    ("prefill", jnp.float16, 64, (8, 2), 128, {"soft_cap": 5.0, **E4M3}),
+    ("mixed", jnp.bfloat16, 16, (8, 2), 64, E4M3),
+    ("mixed", jnp.float16, 32, (8, 1), 128, {"sliding_window": 20, **E5M2}),
+    ("chunked", jnp.bfloat16, 16, (8, 2), 128, {"prefetch_pages": True, "loop_layout": "masked", **E4M3}),
 ]
 
 # Every loop variant over ragged lengths, splits and a sliding window (three loops with carried ids).
@@ -55,13 +68,14 @@ VARIANTS = [
 ]
 
 FULL = [
-    (mode, dt, ps, heads, d, {})
-    for mode, dt, ps, heads, d in itertools.product(
+    (mode, dt, ps, heads, d, kv)
+    for mode, dt, ps, heads, d, kv in itertools.product(
         list(MODES),
         [jnp.bfloat16, jnp.float16],
         [16, 32, 64],
         [(8, 2), (4, 1), (4, 4), (6, 2)],
         [64, 128, 256],
+        [{}, E4M3],
     )
 ]
 
@@ -69,13 +83,17 @@ FULL = [
 def _check(mode, dtype, page_size, heads, d, kw, interpret, seed=0):
     q_lens, kv_lens = MODES[mode]
     hq, hkv = heads
-    prob = make_problem(q_lens, kv_lens, hq=hq, hkv=hkv, d=d, page_size=page_size, dtype=dtype, seed=seed)
+    kw = dict(kw)
+    kv_dtype = kw.pop("kv_dtype", None)
+    prob = make_problem(
+        q_lens, kv_lens, hq=hq, hkv=hkv, d=d, page_size=page_size, dtype=dtype, seed=seed, kv_dtype=kv_dtype
+    )
     check_against_reference(ragged_paged_attention, prob, sm_scale=d**-0.5, interpret=interpret, **kw)
 
 
 def _id(c):
     mode, dt, ps, (hq, hkv), d, kw = c
-    extra = "-".join(f"{k}{v}" for k, v in kw.items())
+    extra = "-".join(f"{k}{jnp.dtype(v).name if k == 'kv_dtype' else v}" for k, v in kw.items())
     return f"{mode}-{jnp.dtype(dt).name}-ps{ps}-h{hq}x{hkv}-d{d}" + (f"-{extra}" if extra else "")
 
 
@@ -127,6 +145,29 @@ def test_detects_wrong_answer(interpret):
     assert_detects_wrong_answer(ragged_paged_attention, prob, interpret=interpret)
 
 
+@pytest.mark.parametrize("wrong", ["k_scale", "v_scale"])
+def test_fp8_scales_are_applied(wrong, interpret):
+    """The check can fail on fp8 pages: either scale given wrong (doubled) misses the reference. A kernel
+    that ignored k_scale or v_scale would pass only if the check could not see them."""
+    prob = make_problem(*MODES["mixed"], hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
+                        kv_dtype=jnp.float8_e4m3fn)  # fmt: skip
+    ref = ref_ragged_paged_attention(*prob.args(), sm_scale=0.125, **prob.scales())
+    scales = {**prob.scales(), wrong: 2 * prob.scales()[wrong]}
+    out = ragged_paged_attention(*prob.args(), sm_scale=0.125, interpret=interpret, **scales)
+    n = prob.num_rows
+    assert rel_err(out[:n], ref[:n]) > 10 * tolerance(jnp.bfloat16)
+
+
+def test_fp8_scale_as_a_device_array(interpret):
+    """Checkpoint scales arrive as f32[] arrays inside the jitted step: same answer as Python floats."""
+    prob = make_problem([1, 1, 5], [7, 40, 5], hq=4, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
+                        kv_dtype=jnp.float8_e5m2)  # fmt: skip
+    floats = ragged_paged_attention(*prob.args(), sm_scale=0.125, interpret=interpret, **prob.scales())
+    arrays = {k: jnp.asarray(v, jnp.float32) for k, v in prob.scales().items()}
+    got = ragged_paged_attention(*prob.args(), sm_scale=0.125, interpret=interpret, **arrays)
+    assert rel_err(got, floats) == 0.0
+
+
 BAD_INPUTS = CONTRACT_VIOLATIONS + [
     (lambda a: {**a, "q": a["q"].astype(jnp.int32)}, "dtype"),
     (lambda a: {**a, "sliding_window": 0}, "sliding_window"),
@@ -135,6 +176,24 @@ BAD_INPUTS = CONTRACT_VIOLATIONS + [
     (lambda a: {**a, "block_q": 3}, "block_q"),
     (lambda a: {**a, "loop_layout": "tiled"}, "loop_layout"),
     (lambda a: {**a, "pages_per_block": 0}, "pages_per_block"),
+    (
+        lambda a: {
+            **a,
+            "k_pages": a["k_pages"].astype(jnp.float16),
+            "v_pages": a["v_pages"].astype(jnp.float16),
+        },
+        "k_pages/v_pages dtype",
+    ),  # fmt: skip
+    (lambda a: {**a, "k_pages": a["k_pages"].astype(jnp.float8_e4m3fn)}, "k_pages/v_pages dtype"),
+    (
+        lambda a: {
+            **a,
+            "k_scale": jnp.ones((2,), jnp.float32),
+            "k_pages": a["k_pages"].astype(jnp.float8_e4m3fn),
+            "v_pages": a["v_pages"].astype(jnp.float8_e4m3fn),
+        },
+        "k_scale",
+    ),  # fmt: skip
 ]
 
 

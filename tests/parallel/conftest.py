@@ -120,6 +120,13 @@ def single_host(models) -> dict:
             {"name": "qwen2", "model": models["qwen2"], "tp": TP_SIZES},
             {"name": "qwen3", "model": models["qwen3"], "tp": TP_SIZES},
             {"name": "opt", "model": models["opt"], "tp": [1, 8]},
+            # an fp8 KV cache: pages split over the devices as the 16-bit ones (TP 4: a slot per device)
+            {
+                "name": "llama-fp8",
+                "model": models["llama"],
+                "tp": [1, 2, 4],
+                "engine": {"kv_cache_dtype": "fp8"},
+            },
         ],
         "bad": [
             {"name": "llama", "model": models["llama"], "tp": [16]},

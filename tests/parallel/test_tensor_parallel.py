@@ -86,6 +86,34 @@ def test_kv_cache_layout(single_host, name):
         assert row["kv_shard_shape"][1:] == row["kv_shape"][1:]
 
 
+def test_fp8_kv_cache_splits_like_the_16_bit_one(single_host):
+    """With kv_cache_dtype="fp8" every TP size holds float8 pages laid out as the 16-bit cache, and
+    generates what TP 1 does: the quantized values are per element with per-layer scales, so splitting
+    heads changes nothing but the partial sums' rounding (which may move an element to its neighbouring
+    fp8 value: hence a looser logprob bound than the 16-bit cases')."""
+    rows, ref16 = single_host["cases"]["llama-fp8"], single_host["cases"]["llama"]
+    assert rows[0]["tp"] == 1
+    for row in rows:
+        n = row["tp"]
+        assert row["kv_dtype"] == "float8_e4m3fn"
+        assert row["kv_shape"][0] == max(2, n) and row["kv_shard_shape"][0] == max(2, n) // n
+        assert row["kv_num_devices"] == n
+    for row in rows[1:]:
+        assert row["tokens"] == rows[0]["tokens"], f"fp8 TP={row['tp']}: greedy tokens differ from TP=1"
+        for ref_seq, got_seq in zip(rows[0]["logprobs"], row["logprobs"], strict=True):
+            for ref_step, got_step in zip(ref_seq, got_seq, strict=True):
+                common = set(ref_step) & set(got_step)
+                assert max(abs(ref_step[t] - got_step[t]) for t in common) < 0.05
+    # The fp8 cache is not the 16-bit one: its logprobs moved (the comparison above could fail).
+    moved = max(
+        abs(a[t] - b[t])
+        for sa, sb in zip(ref16[0]["logprobs"], rows[0]["logprobs"], strict=True)
+        for a, b in zip(sa, sb, strict=True)
+        for t in set(a) & set(b)
+    )
+    assert moved > 1e-4
+
+
 def test_bad_sizes_are_clear_errors(single_host):
     errors = single_host["errors"]
     too_many = errors["llama"]["16"]

@@ -3,7 +3,7 @@
     python tests/parallel/tp_worker.py single CASES_JSON   one process, 8 fake CPU devices
     python tests/parallel/tp_worker.py multi CASE_JSON     one of several processes (jax.distributed)
 
-A case is {"name", "model" (folder), "tp": [sizes]}; each result row holds the greedy token ids, the
+A case is {"name", "model" (folder), "tp": [sizes], optional "engine": {more LLM keywords}}; each result row holds the greedy token ids, the
 top logprobs of every generated token, per-device parameter bytes and the KV cache layout. The `errors`
 section tries bad tensor_parallel_size values and records the ValueError messages.
 """
@@ -70,6 +70,7 @@ def run_case(model: str, tp: int, role: str = "replay", **kw) -> dict:
         if "layers_0/attn/qkv_proj/kernel" in params
         else None,
         "kv_shape": list(k_pages.shape),
+        "kv_dtype": str(k_pages.dtype),
         "kv_shard_shape": list(k_pages.addressable_shards[0].data.shape),
         "kv_num_devices": len(k_pages.sharding.device_set),
     }
@@ -102,7 +103,8 @@ def main() -> None:
         return
     results = {"cases": {}, "errors": {}}
     for case in spec["cases"]:
-        results["cases"][case["name"]] = [run_case(case["model"], tp) for tp in case["tp"]]
+        kw = case.get("engine", {})
+        results["cases"][case["name"]] = [run_case(case["model"], tp, **kw) for tp in case["tp"]]
     for case in spec.get("bad", []):
         results["errors"][case["name"]] = bad_sizes(case["model"], case["tp"])
     print("RESULT " + json.dumps(results), flush=True)

@@ -69,7 +69,9 @@ class MockAsyncEngine:
         self.startup_info = {
             "model": model_name,
             "dtype": "float32",
+            "kv_cache_dtype": "float8_e4m3fn",
             "num_gpu_blocks": 64,
+            "num_cpu_blocks": 0,
             "block_size": 16,
             "max_concurrency": 64 * 16 / max_model_len,
             "compile_time_s": 0.0,

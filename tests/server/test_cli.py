@@ -50,7 +50,7 @@ ENGINE_FLAGS = {
     "gpu_memory_utilization": (["--gpu-memory-utilization", "0.5"], 0.5),
     "num_gpu_blocks_override": (["--num-gpu-blocks-override", "100"], 100),
     "swap_space": (["--swap-space", "4"], 4.0),
-    "kv_cache_dtype": (["--kv-cache-dtype", "float16"], "float16"),
+    "kv_cache_dtype": (["--kv-cache-dtype", "fp8"], "fp8"),
     "enable_prefix_caching": (["--no-enable-prefix-caching"], False),
     "max_num_seqs": (["--max-num-seqs", "32"], 32),
     "max_num_batched_tokens": (["--max-num-batched-tokens", "8192"], 8192),

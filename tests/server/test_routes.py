@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from types import MappingProxyType
 
 import pytest
@@ -227,6 +228,22 @@ def test_metrics(client, engine):
     assert (
         f'jaxllm:request_success_total{{finished_reason="length",model_name="{engine.model_name}"}}' in text
     )
+
+
+def test_metrics_carry_the_cache_config(client, engine):
+    """vLLM's cache_config_info: the KV cache's block size, page dtype and block counts, from the engine's
+    start-up figures (the mock engine's: an fp8 cache of 64 blocks)."""
+    text = client.get("/metrics").text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("jaxllm:cache_config_info{")]
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    assert labels == {
+        "model_name": engine.model_name,
+        "block_size": "16",
+        "cache_dtype": "float8_e4m3fn",
+        "num_gpu_blocks": "64",
+        "num_cpu_blocks": "0",
+    }
+    assert line.endswith(" 1.0")
 
 
 def test_metrics_report_background_compiles(client, engine):
