@@ -217,3 +217,32 @@ def test_quantize_int4_round_trip(group):
     err = np.abs(back - w)
     assert np.all(err <= grange / 30 * (1 + 1e-4)), np.max(err / grange)
     assert np.all(blocks[:, :, 16:].min(axis=1) < 0) and np.all(blocks[:, :, 16:].max(axis=1) > 0)
+
+
+def test_w4a16_kernel_only_without_a_mesh(monkeypatch):
+    """use_kernels lets small batches run the Pallas W4A16 GEMM, but not under a tensor-parallel mesh (the
+    kernel sees whole arrays) nor above W4A16_KERNEL_MAX_ROWS rows; those dequantize, then dot."""
+    import sys
+    import types
+
+    import jax
+    from jax.sharding import AbstractMesh
+
+    from jaxllm.layers.linear import W4A16_KERNEL_MAX_ROWS
+
+    calls = []
+    fake = types.ModuleType("jaxllm.kernels.w4a16_matmul")
+    fake.w4a16_matmul = lambda x, qweight, scales, zeros: (
+        calls.append(x.shape) or jnp.zeros((x.shape[0], qweight.shape[1]), x.dtype)
+    )
+    monkeypatch.setitem(sys.modules, "jaxllm.kernels.w4a16_matmul", fake)
+    scheme = LAYOUTS["int4 g32"]
+    layer = QuantizedLinear(N, scheme, use_kernels=True)
+    params = {"params": random_params(np.random.default_rng(8), scheme, jnp.float32)}
+    small = jax.ShapeDtypeStruct((4, K), jnp.float32)
+    jax.eval_shape(layer.apply, params, small)
+    assert calls == [(4, K)]
+    jax.eval_shape(layer.apply, params, jax.ShapeDtypeStruct((W4A16_KERNEL_MAX_ROWS + 1, K), jnp.float32))
+    with jax.sharding.use_abstract_mesh(AbstractMesh((2,), ("tp",))):
+        jax.eval_shape(layer.apply, params, small)
+    assert calls == [(4, K)]
