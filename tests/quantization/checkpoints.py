@@ -55,6 +55,21 @@ CT_W8A8_INT8 = {
 }  # fmt: skip
 
 
+CT_W4A16_ASYM = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "ignore": ["lm_head"],
+    "quantization_status": "compressed",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "symmetric": False, "dynamic": False},
+            "input_activations": None,
+        }
+    },
+}  # fmt: skip
+
+
 def decoder_projections(model):
     """(checkpoint module name, torch Linear, input kind) of every decoder projection."""
     for i, layer in enumerate(model.model.layers):
@@ -83,7 +98,8 @@ def quantize_int4(w: np.ndarray, g_idx: np.ndarray, zero_min: int = 0):
 
 def write_quantized(model, folder: str, method: str, group: int = 32, act_order: bool = False, seed: int = 0,
                     drop: str | None = None) -> dict[str, np.ndarray]:  # fmt: skip
-    """Save `model` quantized by `method` ("awq", "gptq", "gptq_v2", "ct-w8a8-int8") to `folder`; returns
+    """Save `model` quantized by `method` ("awq", "gptq", "gptq_v2", "ct-w4a16",
+    "ct-w8a8-int8") to `folder`; returns
     {module name: float weight [N, K] the codes dequantize to}. `drop` leaves one tensor out (bad input)."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -108,6 +124,9 @@ def write_quantized(model, folder: str, method: str, group: int = 32, act_order:
             q, z, s = quantize_int4(w, g_idx, zero_min=1 if method == "gptq" else 0)
             if method == "awq":
                 parts = packers.awq_checkpoint(q, z, s)
+            elif method == "ct-w4a16":  # signed codes and zero points (q - 8, z - 8), torch layout
+                gi = g_idx if act_order else None
+                parts = packers.ct_pack_quantized(q.T.astype(np.int64) - 8, s.T, z.T.astype(np.int64) - 8, gi)
             else:
                 parts = packers.gptq_checkpoint(q, z, s, g_idx, version=1 if method == "gptq" else 2)
             restored[name] = packers.int4_weight(q, z, s, g_idx).T
@@ -122,10 +141,15 @@ def write_quantized(model, folder: str, method: str, group: int = 32, act_order:
         {k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(folder, "model.safetensors")
     )
     config = model.config.to_dict()
+    config["architectures"] = [type(model).__name__]  # set by save_pretrained, absent from a fresh model
     if method == "awq":
         qc = dict(AWQ_CONFIG, group_size=group)
     elif method.startswith("gptq"):
         qc = dict(GPTQ_CONFIG, group_size=group, desc_act=act_order, checkpoint_format=method)
+    elif method == "ct-w4a16":
+        qc = copy.deepcopy(CT_W4A16_ASYM)
+        weights = qc["config_groups"]["group_0"]["weights"]
+        weights.update(group_size=group, actorder="group" if act_order else None)
     else:
         qc = copy.deepcopy(CT_W8A8_INT8)
     config["quantization_config"] = qc
