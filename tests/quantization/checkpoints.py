@@ -97,10 +97,11 @@ def quantize_int4(w: np.ndarray, g_idx: np.ndarray, zero_min: int = 0):
 
 
 def write_quantized(model, folder: str, method: str, group: int = 32, act_order: bool = False, seed: int = 0,
-                    drop: str | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+                    drop: str | None = None, input_scales: dict | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """Save `model` quantized by `method` ("awq", "gptq", "gptq_v2", "ct-w4a16",
-    "ct-w8a8-int8") to `folder`; returns
-    {module name: float weight [N, K] the codes dequantize to}. `drop` leaves one tensor out (bad input)."""
+    "ct-w8a8-int8", "fp8-static") to `folder`; returns
+    {module name: float weight [N, K] the codes dequantize to}. `drop` leaves one tensor out (bad input);
+    `input_scales` receives the static input scale of each module ("fp8-static")."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
@@ -111,7 +112,15 @@ def write_quantized(model, folder: str, method: str, group: int = 32, act_order:
         del state[f"{name}.weight"]
         w = linear.weight.detach().float().numpy().T.copy()  # [K, N]
         k = w.shape[0]
-        if method == "ct-w8a8-int8":
+        if method == "fp8-static":  # the HF/vLLM fp8 format: per-tensor weight and input scales
+            sw = np.float32(np.abs(w).max() / 448)
+            q = (w / sw).astype(packers.FP8)  # [K, N]
+            si = np.float32(rng.uniform(0.01, 0.03))
+            parts = {"weight": q.T.copy(), "weight_scale": sw, "input_scale": si}
+            restored[name] = (q.astype(np.float32) * sw).T
+            if input_scales is not None:
+                input_scales[name] = float(si)
+        elif method == "ct-w8a8-int8":
             s = np.abs(w).max(axis=0) / 127  # [N]
             q = np.clip(np.round(w / s), -127, 127).astype(np.int8)
             parts = {"weight": q.T.copy(), "weight_scale": s.astype(np.float32)[:, None]}
@@ -146,6 +155,8 @@ def write_quantized(model, folder: str, method: str, group: int = 32, act_order:
         qc = dict(AWQ_CONFIG, group_size=group)
     elif method.startswith("gptq"):
         qc = dict(GPTQ_CONFIG, group_size=group, desc_act=act_order, checkpoint_format=method)
+    elif method == "fp8-static":
+        qc = {"quant_method": "fp8", "activation_scheme": "static"}
     elif method == "ct-w4a16":
         qc = copy.deepcopy(CT_W4A16_ASYM)
         weights = qc["config_groups"]["group_0"]["weights"]

@@ -78,19 +78,25 @@ def fp8_round_trip(w: np.ndarray) -> np.ndarray:
     )
 
 
-def quantized_inputs(model, kind: str = "fp8") -> list:
+def quantized_inputs(model, kind: str = "fp8", static: dict[str, float] | None = None) -> list:
     """Hooks that round each projection's input per token to e4m3 (scale max|x| / 448) or to int8 (scale
-    max|x| / 127, round half to even), as W8A8 does."""
+    max|x| / 127, round half to even), as W8A8 does; with `static` {module: scale}, by that fixed scale."""
     qmax = 448.0 if kind == "fp8" else 127.0
 
-    def hook(_module, args):
-        x = args[0].float()
-        s = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / qmax
-        xs = (x / s).clamp(-qmax, qmax)
-        xq = xs.to(torch.float8_e4m3fn).to(torch.float32) if kind == "fp8" else torch.round(xs)
-        return (xq * s,)
+    def hook_for(name):
+        def hook(_module, args):
+            x = args[0].float()
+            if static is None:
+                s = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / qmax
+            else:
+                s = torch.tensor(static[name], dtype=torch.float32)
+            xs = (x / s).clamp(-qmax, qmax)
+            xq = xs.to(torch.float8_e4m3fn).to(torch.float32) if kind == "fp8" else torch.round(xs)
+            return (xq * s,)
 
-    return [linear.register_forward_pre_hook(hook) for _, linear, _ in decoder_projections(model)]
+        return hook
+
+    return [linear.register_forward_pre_hook(hook_for(n)) for n, linear, _ in decoder_projections(model)]
 
 
 def max_error(ours, ref) -> float:
@@ -148,6 +154,41 @@ def test_int8_w8a8_checkpoint_matches_transformers_with_int8_weights_and_inputs(
     assert tokens == ref_tokens
     # without the input rounding transformers misses the bound: jaxllm does quantize its activations
     assert max_error(logits, hf_logits_and_tokens(ref_model, prompts)[0]) > 5 * bound
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="safetensors 0.8's flax reader maps F8_E4M3 to numpy.float8_e4m3fn, which numpy lacks: "
+    "jaxllm/loader/safetensors_loader.py's _read cannot read an fp8 checkpoint's weights",
+)
+def test_fp8_static_checkpoint_matches_transformers(hf_model, tmp_path):
+    """The HF/vLLM fp8 format with static input scales: q, k and v (and gate, up) are fused into one GEMM
+    whose input is quantized with the largest of their input scales (vLLM's rule)."""
+    folder = str(tmp_path / "fp8")
+    scales: dict[str, float] = {}
+    weights = write_quantized(hf_model, folder, "fp8-static", input_scales=scales)
+    fused = {}
+    for name, _, key in decoder_projections(hf_model):
+        fused[key] = max(fused.get(key, 0.0), scales[name])
+    static = {name: fused[key] for name, _, key in decoder_projections(hf_model)}
+    prompts = prompts_for(3)
+    loaded, logits, tokens = jaxllm_logits_and_tokens(folder, prompts)
+    assert loaded.arch.quant.describe() == "fp8: fp8 W8A8 (static input scale)"
+    ref_model = with_weights(hf_model, weights)
+    hooks = quantized_inputs(ref_model, "fp8", static)
+    ref_logits, ref_tokens = hf_logits_and_tokens(ref_model, prompts)
+    for h in hooks:
+        h.remove()
+    bound = 2e-3 * max(float(np.max(np.abs(r))) for r in ref_logits)
+    assert max_error(logits, ref_logits) < bound
+    assert tokens == ref_tokens
+    # each projection with its own input scale (no max over the fused ones) misses the bound
+    hooks = quantized_inputs(ref_model, "fp8", scales)
+    try:
+        assert max_error(logits, hf_logits_and_tokens(ref_model, prompts)[0]) > 5 * bound
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 # --- W4A16 checkpoints --------------------------------------------------------------------------------
