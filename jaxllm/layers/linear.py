@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxllm.layers.tensor_parallel import current_tp_mesh
 from jaxllm.quantization.scheme import FP8_DTYPE, FP8_MAX, QuantScheme
 
 INT8_MAX = 127.0
@@ -103,7 +104,9 @@ class QuantizedLinear(nn.Module):
         params = {
             name: self.param(name, nn.initializers.zeros_init(), s, d) for name, (s, d) in shapes.items()
         }
-        use_kernel = self.use_kernels and x.shape[0] <= W4A16_KERNEL_MAX_ROWS
+        # the Pallas GEMM sees whole arrays: under a tensor-parallel mesh XLA's partitioner, which cannot
+        # split a custom call, would gather every shard's weight to each device, so a mesh dequantizes
+        use_kernel = self.use_kernels and x.shape[0] <= W4A16_KERNEL_MAX_ROWS and current_tp_mesh() is None
         y = quantized_matmul(x, params, self.quant, use_kernel)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32).astype(

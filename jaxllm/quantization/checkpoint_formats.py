@@ -9,12 +9,13 @@ turns them into [K, N] leaves (K inputs, N outputs). The layouts, as the tools w
                         (nibble i of column c is output 8c + i; gptq (v1) stores z - 1); scales [K/g, N];
                         g_idx i32[K] (the group of each input row; with desc_act rows are not in group order:
                         they are sorted into groups here and `perm` reorders x to match)
-  compressed-tensors    float-/int-quantized: weight [N, K] (fp8 | int8), weight_scale [N, 1] (channel),
-                        [1] or [] (tensor) or [N, K/g] (group), input_scale [1] (static W8A8)
-                        pack-quantized: weight_packed i32[N, K/8] (nibble i of column c is input 8c + i,
-                        stored as the signed value + 8), weight_scale [N, K/g], weight_zero_point
-                        i32[N/8, K/g] (asymmetric only; packed along N the same way), weight_shape [2],
-                        weight_g_idx i32[K] (actorder "group")
+  compressed-tensors    float-/int-/naive-quantized: weight [N, K] (fp8 | int8), weight_scale [N, 1]
+                        (channel), [1] or [] (tensor) or [N, K/g] (group), input_scale [1] (static W8A8)
+  pack-quantized        (compressed-tensors) weight_packed i32[N, K/8] for 4 bits (nibble i of column c
+                        is input 8c + i, stored as the signed value + 8) or i32[N, K/4] for 8 bits (byte i
+                        is input 4c + i, stored as the signed value + 128), weight_scale [N, K/g],
+                        weight_zero_point i32[N/8, K/g] (4-bit asymmetric only; packed along N the same
+                        way), weight_shape [2], weight_g_idx i32[K] (actorder "group")
   fp8 (vLLM/HF)         weight f8[N, K], weight_scale [] (per tensor), input_scale [] (static)
 Tensors a scheme has no use for (a g_idx without act order, zero points of a symmetric scheme) are
 skipped; a module missing one it needs is an error naming the tensor.
@@ -43,6 +44,14 @@ def unpack_nibbles(x, axis: int, order=tuple(range(8))):
     vals = (x[..., None] >> shifts) & 0xF  # [..., C, 8]
     vals = vals.reshape(*x.shape[:-1], x.shape[-1] * 8).astype(jnp.uint8)
     return jnp.moveaxis(vals, -1, axis)
+
+
+def unpack_bytes(x) -> jnp.ndarray:
+    """i32[R, C] -> u8[R, 4C]: byte i (bits 8i..8i+7) of element c lands at 4c + i."""
+    x = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.int32), jnp.uint32)
+    shifts = jnp.asarray([0, 8, 16, 24], jnp.uint32)
+    vals = (x[..., None] >> shifts) & 0xFF  # [R, C, 4]
+    return vals.reshape(x.shape[0], x.shape[1] * 4).astype(jnp.uint8)
 
 
 def pack_int4(q) -> jnp.ndarray:  # u8[K, N] values 0..15 -> u8[K/2, N]
@@ -106,28 +115,45 @@ class GPTQPacking(Packing):
 
 
 class CompressedTensorsPacking(Packing):
+    """float-/int-/naive-quantized: the 8-bit weight as stored (scheme.packing "compressed-tensors")."""
+
     name = "compressed-tensors"
 
     def suffixes(self):
         s = self.scheme
-        if s.weights == "int4":
-            needed = {"weight_packed", "weight_scale", "weight_shape"}
-            skipped = set()
-            (needed if not s.symmetric else skipped).add("weight_zero_point")
-            (needed if s.act_order else skipped).add("weight_g_idx")
-            return needed, skipped
         needed = {"weight", "weight_scale"}
         if s.static_input_scale:
             needed.add("input_scale")
         return needed, {"weight_zero_point"} | (set() if s.static_input_scale else {"input_scale"})
 
     def convert(self, t, where):
+        return _eight_bit(self.scheme, t["weight"], t["weight_scale"], t.get("input_scale"), where)
+
+
+class PackQuantizedPacking(Packing):
+    """compressed-tensors' pack-quantized: int4 (eight per int32) or int8 (four per int32) codes."""
+
+    name = "pack-quantized"
+
+    def suffixes(self):
         s = self.scheme
-        if s.weights != "int4":
-            return _eight_bit(s, t["weight"], t["weight_scale"], t.get("input_scale"), where)
+        needed = {"weight_packed", "weight_scale", "weight_shape"}
+        skipped = set()
+        (needed if not s.symmetric else skipped).add("weight_zero_point")
+        (needed if s.act_order else skipped).add("weight_g_idx")
+        return needed, skipped
+
+    def convert(self, t, where):
+        s = self.scheme
         n, k = (int(v) for v in np.asarray(t["weight_shape"]).reshape(-1))
-        q = unpack_nibbles(t["weight_packed"], axis=-1)[:, :k].T  # [K, N]
-        scales = jnp.asarray(t["weight_scale"]).T  # [K/g, N]
+        scales = jnp.asarray(t["weight_scale"])
+        # [N, K/g] (group), [N, 1] (channel) or one number (tensor) -> [K/g, N]
+        scales = jnp.broadcast_to(scales.reshape(1, 1), (1, n)) if scales.size == 1 else scales.T
+        if s.weights == "int8":  # symmetric only (config.py): stored code + 128
+            q = unpack_bytes(t["weight_packed"])[:, :k].T  # u8[K, N]
+            q = (q.astype(jnp.int16) - 128).astype(jnp.int8)
+            return {"qweight": q, "scales": scales}
+        q = unpack_nibbles(t["weight_packed"], axis=-1)[:, :k].T  # u8[K, N]
         if s.symmetric:
             zeros = jnp.full(scales.shape, 8.0, jnp.float32)
         else:
@@ -184,6 +210,7 @@ PACKINGS = {
     "gptq": GPTQPacking,
     "gptq_v2": GPTQPacking,
     "compressed-tensors": CompressedTensorsPacking,
+    "pack-quantized": PackQuantizedPacking,
     "fp8": FP8Packing,
 }
 

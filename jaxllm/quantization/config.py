@@ -11,7 +11,7 @@ says so — a checkpoint is never served as something it is not.
   quant_method "compressed-tensors"  one config group of Linear layers, ignore = lm_head:
                                        float 8 weights (+ float 8 inputs)      -> fp8 W8A8 (or W8A16)
                                        int 8 weights (+ int 8 inputs)          -> int8 W8A8 (or W8A16)
-                                       int 4 weights, pack-quantized           -> int4 W4A16
+                                       int 4 or weight-only int 8, pack-quantized -> int4/int8 W4A16/W8A16
   quant_method "fp8"                 per-tensor weight scales, activation_scheme dynamic|static -> fp8 W8A8
 """
 
@@ -188,9 +188,19 @@ def _compressed_tensors(qc: dict, where: str) -> QuantScheme:
         raise _bad(gwhere, "weights", {"type": wtype, "num_bits": bits}, "served: float 8, int 8, int 4")
     if w.get("dynamic"):
         raise _bad(gwhere, "weights.dynamic", True, "weights must be quantized ahead")
-    want_fmt = {"fp8": "float-quantized", "int8": "int-quantized", "int4": "pack-quantized"}[kind]
-    if fmt not in (want_fmt, "naive-quantized") or (kind == "int4" and fmt != "pack-quantized"):
-        raise _bad(where, "format", fmt, f"{wtype} {bits}-bit weights are served in the {want_fmt} format")
+    # llm-compressor writes W8A16 int8 as pack-quantized too (four codes per int32); W8A8 as int-quantized
+    formats = {
+        "fp8": ("float-quantized", "naive-quantized"),
+        "int8": ("int-quantized", "naive-quantized", "pack-quantized"),
+        "int4": ("pack-quantized",),
+    }[kind]
+    if fmt not in formats or (kind == "int8" and fmt == "pack-quantized" and a is not None):
+        raise _bad(
+            where, "format", fmt,
+            f"{wtype} {bits}-bit weights are served in the {' or '.join(formats)} format"
+            + (" (pack-quantized: weight-only)" if kind == "int8" else ""),
+        )  # fmt: skip
+    packing = "pack-quantized" if fmt == "pack-quantized" else CT
     strategy = w.get("strategy")
     symmetric = w.get("symmetric", True)
     if kind != "int4" and not symmetric:
@@ -199,15 +209,17 @@ def _compressed_tensors(qc: dict, where: str) -> QuantScheme:
         raise _bad(gwhere, "weights.strategy", strategy, "served: channel, group, tensor")
     g = _group(w.get("group_size"), gwhere, "weights.group_size") if strategy == "group" else None
     actorder = w.get("actorder")
-    if actorder not in (None, "weight", "group", "static", "dynamic", False):
+    if actorder not in (None, False, True, "weight", "group", "static", "dynamic"):
         raise _bad(gwhere, "weights.actorder", actorder, "served: null, weight, group")
-    act_order = actorder in ("group", "dynamic")  # these keep the g_idx of each input row
+    # group (alias dynamic; true in older configs) keeps the g_idx of each input row; weight (alias static)
+    # reorders only while quantizing, so the saved rows are in group order already
+    act_order = actorder is True or actorder in ("group", "dynamic")
     if a is None:
         if kind == "int4":
             return QuantScheme(
-                CT, "int4", group_size=g, act_order=act_order, packing=CT, symmetric=bool(symmetric)
+                CT, "int4", group_size=g, act_order=act_order, packing=packing, symmetric=bool(symmetric)
             )
-        return QuantScheme("compressed-tensors", kind, group_size=g, packing=CT)
+        return QuantScheme(CT, kind, group_size=g, packing=packing)
     akind = {("float", 8): "fp8", ("int", 8): "int8"}.get((a.get("type"), a.get("num_bits")))
     if akind != kind:
         raise _bad(
@@ -226,7 +238,7 @@ def _compressed_tensors(qc: dict, where: str) -> QuantScheme:
             gwhere, "input_activations", {"dynamic": dynamic, "strategy": astrategy},
             "served: dynamic per token, or static per tensor",
         )  # fmt: skip
-    return QuantScheme("compressed-tensors", kind, kind, static_input_scale=not dynamic, packing=CT)
+    return QuantScheme(CT, kind, kind, static_input_scale=not dynamic, packing=CT)
 
 
 _PARSERS = {

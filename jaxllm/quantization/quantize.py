@@ -27,6 +27,8 @@ def quantize_int8(w: jax.Array, group: int | None = None, w8a8: bool = False) ->
     """w [K, N] -> {qweight i8[K, N], scales [K/g, N]} (or weight_scale f32[N] for W8A8), symmetric."""
     k, n = w.shape
     g = group or k
+    if w8a8 and g != k:
+        raise ValueError(f"W8A8 weights have one scale per output channel, not group={group}")
     wf = w.astype(jnp.float32).reshape(k // g, g, n)
     scale = jnp.maximum(jnp.max(jnp.abs(wf), axis=1), 1e-12) / 127.0  # [K/g, N]
     q = jnp.clip(jnp.round(wf / scale[:, None, :]), -127, 127).astype(jnp.int8).reshape(k, n)
@@ -36,10 +38,15 @@ def quantize_int8(w: jax.Array, group: int | None = None, w8a8: bool = False) ->
 
 
 def quantize_int4(w: jax.Array, group: int) -> dict[str, jax.Array]:
-    """w [K, N] -> {qweight u8[K/2, N], scales [K/g, N], zeros [K/g, N]}: asymmetric round to nearest."""
+    """w [K, N] -> {qweight u8[K/2, N], scales [K/g, N], zeros [K/g, N]}: asymmetric round to nearest.
+
+    Each group's range is widened to include 0, so that the integer zero point (as AWQ and GPTQ store it)
+    lies in 0..15 and no code is clipped: the error is at most half a step, range / 30. (Without the
+    widening a group of only positive weights gets zero point 0 and its large weights saturate at 15.)"""
     k, n = w.shape
     wf = w.astype(jnp.float32).reshape(k // group, group, n)
-    lo, hi = jnp.min(wf, axis=1), jnp.max(wf, axis=1)  # [K/g, N]
+    lo = jnp.minimum(jnp.min(wf, axis=1), 0.0)  # [K/g, N]
+    hi = jnp.maximum(jnp.max(wf, axis=1), 0.0)
     scale = jnp.maximum(hi - lo, 1e-12) / 15.0
     zero = jnp.clip(jnp.round(-lo / scale), 0, 15)
     q = jnp.clip(jnp.round(wf / scale[:, None, :]) + zero[:, None, :], 0, 15).astype(jnp.uint8)

@@ -45,7 +45,8 @@ class QuantScheme:
     static_input_scale: bool = False  # W8A8 with the checkpoint's per-tensor input scale
     online: bool = False  # a float checkpoint quantized at load (--quantization fp8)
     # how the checkpoint packs the weights (jaxllm/quantization/checkpoint_formats.py): "awq", "gptq",
-    # "gptq_v2", "compressed-tensors", "fp8"; None for float weights (online, random, GGUF)
+    # "gptq_v2", "compressed-tensors" (8-bit weights as stored), "pack-quantized" (compressed-tensors int4/int8
+    # codes in int32), "fp8"; None for float weights (online, random, GGUF)
     packing: str | None = None
     symmetric: bool = True  # the checkpoint stores no zero points (compressed-tensors) or constant ones
 

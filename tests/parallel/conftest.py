@@ -152,3 +152,53 @@ def assert_same_generation(ref: dict, got: dict, label: str) -> None:
             assert set(ref_step) == set(got_step), f"{label}: top-5 token sets differ"
             worst = max(worst, max(abs(ref_step[t] - got_step[t]) for t in ref_step))
     assert worst < LOGPROB_TOL, f"{label}: logprobs differ from TP=1 by {worst}"
+
+
+QUANT_TP_SIZES = [1, 2, 4]
+
+
+@pytest.fixture(scope="session")
+def quantized_models(tmp_path_factory) -> dict[str, tuple[str, dict]]:
+    """{case: (folder, extra LLM arguments)}: one float Llama (hidden 128, so that group-32 scales of
+    o_proj split over 4 devices) served as fp8 quantized at load, and its AWQ (group 32), GPTQ (act
+    order, group 32) and compressed-tensors W8A8 int8 checkpoints (tests/quantization/checkpoints.py)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.quantization.checkpoints import write_quantized
+
+    root = tmp_path_factory.mktemp("tp_quantized")
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, initializer_range=0.3,
+        bos_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    model.save_pretrained(str(root / "float"), safe_serialization=True)
+    write_quantized(model, str(root / "awq"), "awq", group=32)
+    write_quantized(model, str(root / "gptq"), "gptq", group=32, act_order=True)
+    write_quantized(model, str(root / "w8a8"), "ct-w8a8-int8")
+    return {
+        "fp8": (str(root / "float"), {"quantization": "fp8"}),
+        "awq": (str(root / "awq"), {}),
+        "gptq": (str(root / "gptq"), {}),
+        "w8a8": (str(root / "w8a8"), {}),
+    }
+
+
+@pytest.fixture(scope="session")
+def quantized_host(quantized_models) -> dict:
+    cases = [
+        {"name": name, "model": folder, "tp": QUANT_TP_SIZES, "engine": kw}
+        for name, (folder, kw) in quantized_models.items()
+    ]
+    proc = subprocess.run(
+        [sys.executable, WORKER, "single", json.dumps({"cases": cases})],
+        env=worker_env(4),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return parse_result(proc.stdout)

@@ -58,6 +58,20 @@ def llama_arch(
         ("layers_0/attn/q_norm/scale", (16,), 8, P()),
         ("embed_positions/embedding", (130, 128), 8, P()),
         ("layers_0/attn/q_proj/kernel", (128, 128), 1, P()),
+        # quantized leaves (jaxllm/quantization/scheme.py) follow their layer's kernel along N / K
+        ("layers_0/attn/qkv_proj/qweight", (64, 256), 4, P(None, "tp")),  # int4 u8[K/2, N]
+        ("layers_0/attn/qkv_proj/scales", (4, 256), 4, P(None, "tp")),
+        ("layers_0/attn/qkv_proj/zeros", (4, 256), 4, P(None, "tp")),
+        ("layers_0/mlp/gate_up_proj/weight_scale", (256,), 4, P("tp")),
+        ("layers_0/attn/qkv_proj/perm", (128,), 4, P()),
+        ("layers_0/attn/qkv_proj/input_scale", (), 4, P()),
+        ("layers_0/attn/o_proj/qweight", (64, 128), 4, P("tp", None)),
+        ("layers_0/attn/o_proj/scales", (4, 128), 4, P("tp", None)),  # whole groups per device
+        ("layers_0/mlp/down_proj/zeros", (8, 128), 4, P("tp", None)),
+        ("layers_0/mlp/down_proj/scales", (1, 128), 4, P()),  # per channel: every shard needs all
+        ("layers_0/mlp/down_proj/weight_scale", (128,), 4, P()),
+        ("layers_0/mlp/down_proj/perm", (128,), 4, P()),
+        ("layers_0/mlp/down_proj/input_scale", (), 4, P()),
     ],
 )
 def test_partition_rules(path, shape, n, want):
@@ -69,6 +83,12 @@ def test_separate_kv_projections_need_n_to_divide_their_heads():
     are refused by name, not replicated."""
     with pytest.raises(ValueError, match="layers_0/attn/k_proj/kernel: 2 KV heads do not split over"):
         param_partition_spec("layers_0/attn/k_proj/kernel", 2, (128, 32), llama_arch(kv_heads=2), 4)
+
+
+def test_row_parallel_groups_must_split_whole():
+    """3 groups of input rows cannot go to 2 devices: refused by name rather than cut inside a group."""
+    with pytest.raises(ValueError, match="layers_0/mlp/down_proj/scales: 3 quantization groups"):
+        param_partition_spec("layers_0/mlp/down_proj/scales", 2, (3, 128), llama_arch(), 2)
 
 
 def test_kv_cache_heads():

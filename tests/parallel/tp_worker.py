@@ -3,8 +3,9 @@
     python tests/parallel/tp_worker.py single CASES_JSON   one process, 8 fake CPU devices
     python tests/parallel/tp_worker.py multi CASE_JSON     one of several processes (jax.distributed)
 
-A case is {"name", "model" (folder), "tp": [sizes], optional "engine": {more LLM keywords}}; each result row holds the greedy token ids, the
-top logprobs of every generated token, per-device parameter bytes and the KV cache layout. The `errors`
+A case is {"name", "model" (folder), "tp": [sizes], "engine": {more LLM(...) arguments}}; each result row holds the greedy token ids, the
+top logprobs of every generated token, per-device parameter bytes, the KV cache layout and the shapes of
+the quantized layers' leaves and their shards. The `errors`
 section tries bad tensor_parallel_size values and records the ValueError messages.
 """
 
@@ -73,6 +74,16 @@ def run_case(model: str, tp: int, role: str = "replay", **kw) -> dict:
         "kv_dtype": str(k_pages.dtype),
         "kv_shard_shape": list(k_pages.addressable_shards[0].data.shape),
         "kv_num_devices": len(k_pages.sharding.device_set),
+        # a quantized layer's leaves (not "kernel"/"bias"): global shape, one device's shard, dtype
+        "quantized_leaves": {
+            path: {
+                "shape": list(x.shape),
+                "shard": list(x.addressable_shards[0].data.shape),
+                "dtype": str(x.dtype),
+            }
+            for path, x in params.items()
+            if path.startswith("layers_") and path.rsplit("/", 1)[1] not in ("kernel", "bias", "scale")
+        },
     }
 
 
@@ -103,7 +114,7 @@ def main() -> None:
         return
     results = {"cases": {}, "errors": {}}
     for case in spec["cases"]:
-        kw = case.get("engine", {})
+        kw = case.get("engine", {})  # e.g. {"quantization": "fp8"}
         results["cases"][case["name"]] = [run_case(case["model"], tp, **kw) for tp in case["tp"]]
     for case in spec.get("bad", []):
         results["errors"][case["name"]] = bad_sizes(case["model"], case["tp"])
