@@ -74,7 +74,7 @@ def quantized_matmul(x: jax.Array, params: dict, scheme: QuantScheme, use_kernel
         acc_type = jnp.int32 if scheme.activations == "int8" else jnp.float32
         acc = jnp.dot(xq, params["qweight"], preferred_element_type=acc_type).astype(jnp.float32)
         return (acc * sx * params["weight_scale"][None, :]).astype(dtype)
-    if scheme.weights == "int4" and use_kernel:
+    if scheme.weights == "int4" and use_kernel and w4a16_kernel_fits(params):
         from jaxllm.kernels.w4a16_matmul import w4a16_matmul
 
         return w4a16_matmul(x, params["qweight"], params["scales"], params["zeros"])
@@ -83,6 +83,14 @@ def quantized_matmul(x: jax.Array, params: dict, scheme: QuantScheme, use_kernel
         return (y * params["scales"][0].astype(jnp.float32)).astype(dtype)
     w = dequantize(params, scheme, dtype)
     return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype)
+
+
+def w4a16_kernel_fits(params: dict) -> bool:
+    """The Pallas GEMM's shape limits: groups of a multiple of 32 inputs, N a multiple of 16 (two and one
+    of Triton's smallest dot operands); other layers dequantize, then dot."""
+    k, n = params["qweight"].shape[0] * 2, params["qweight"].shape[1]
+    g = k // params["scales"].shape[0]
+    return g % 32 == 0 and n % 16 == 0
 
 
 # Rows up to which the W4A16 Pallas GEMM beats dequantize-then-dot (decode batches); above it the

@@ -15,6 +15,8 @@ import json
 import os
 
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 from safetensors import safe_open
 
 from jaxllm.loader.names import hf_name_mapper
@@ -100,9 +102,37 @@ def load_safetensors_params(
 
 def _read(f, name: str, path: str):
     try:
+        raw = _raw_fp8(path, name)
+        if raw is not None:
+            return raw
         return f.get_tensor(name)
+    except ValueError:
+        raise
     except Exception as e:
         raise ValueError(f"cannot read tensor {name!r} from {path}: {e}") from None
+
+
+_FP8 = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
+@functools.lru_cache(maxsize=8)
+def _header(path: str) -> tuple[dict, int]:
+    """(the file's tensor table, where its data starts): safetensors' 8-byte length, then JSON."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        return json.loads(fh.read(n)), 8 + n
+
+
+def _raw_fp8(path: str, name: str):
+    """An FP8 tensor straight from the file's bytes, or None for other dtypes: the safetensors reader's
+    flax and numpy paths have no float8 types (numpy has none), the ml_dtypes ones serve."""
+    table, start = _header(path)
+    entry = table.get(name)
+    if entry is None or entry.get("dtype") not in _FP8:
+        return None
+    lo, hi = entry["data_offsets"]
+    data = np.fromfile(path, dtype=np.uint8, count=hi - lo, offset=start + lo)
+    return data.view(_FP8[entry["dtype"]]).reshape(entry["shape"])
 
 
 def checkpoint_dtype(arch: ModelArchConfig) -> jnp.dtype:

@@ -156,11 +156,6 @@ def test_int8_w8a8_checkpoint_matches_transformers_with_int8_weights_and_inputs(
     assert max_error(logits, hf_logits_and_tokens(ref_model, prompts)[0]) > 5 * bound
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="safetensors 0.8's flax reader maps F8_E4M3 to numpy.float8_e4m3fn, which numpy lacks: "
-    "jaxllm/loader/safetensors_loader.py's _read cannot read an fp8 checkpoint's weights",
-)
 def test_fp8_static_checkpoint_matches_transformers(hf_model, tmp_path):
     """The HF/vLLM fp8 format with static input scales: q, k and v (and gate, up) are fused into one GEMM
     whose input is quantized with the largest of their input scales (vLLM's rule)."""
