@@ -36,7 +36,7 @@ from jaxllm.loader.params_builder import ShardingFn
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.presets import PRESETS, get_preset
 from jaxllm.models.registry import abstract_params, build_model, fused_groups
-from jaxllm.quantization.config import quant_scheme
+from jaxllm.quantization.config import checkpoint_kv_cache_scales, quant_scheme
 
 logger = logging.getLogger("jaxllm")
 
@@ -162,6 +162,8 @@ def open_model(spec: ModelSpec, tp_size: int = 1) -> ModelSource:
     scheme = quant_scheme(hf_config, spec.quantization, path, dummy=kind == "dummy")
     if spec.quantization == "gguf" and kind != "gguf":
         raise ValueError(f"quantization='gguf' (--quantization) needs a .gguf file, got {path!r}")
+    if checkpoint_kv_cache_scales(hf_config, path):
+        arch = dataclasses.replace(arch, kv_cache_scales=True)
     if scheme is not None:
         arch = dataclasses.replace(arch, quant=scheme)
         logger.info("%s: quantized layers: %s", path, scheme.describe())

@@ -18,6 +18,8 @@ _LLAMA_LAYER = {
     "post_attention_layernorm.weight": ("post_attn_norm/scale", False),
     "self_attn.q_norm.weight": ("attn/q_norm/scale", False),
     "self_attn.k_norm.weight": ("attn/k_norm/scale", False),
+    "self_attn.k_scale": ("attn/k_scale", False),  # FP8 KV-cache scales (compressed-tensors)
+    "self_attn.v_scale": ("attn/v_scale", False),
 }
 for _p in ("q", "k", "v", "o"):
     _LLAMA_LAYER[f"self_attn.{_p}_proj.weight"] = (f"attn/{_p}_proj/kernel", True)

@@ -78,6 +78,9 @@ class ModelArchConfig:
     quant: QuantScheme | None = None
     # per decoder layer, when the checkpoint's layers differ (GGUF types vary by tensor); overrides quant
     layer_quant: tuple[LayerQuant, ...] | None = None
+    # the checkpoint's per-layer FP8 KV-cache scales (compressed-tensors kv_cache_scheme): attn/k_scale,
+    # attn/v_scale params that an fp8 KV cache divides by
+    kv_cache_scales: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):

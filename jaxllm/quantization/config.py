@@ -98,6 +98,21 @@ def quant_scheme(hf_config: dict, flag: str | None, where: str, dummy: bool = Fa
     return parse(qc, f"{where}/config.json: quantization_config")
 
 
+def checkpoint_kv_cache_scales(hf_config: dict, where: str) -> bool:
+    """Whether the checkpoint holds per-layer FP8 KV-cache scales (compressed-tensors kv_cache_scheme:
+    float 8 bits, one scale per tensor), which an fp8 KV cache then uses instead of 1.0."""
+    qc = hf_config.get("quantization_config") or hf_config.get("compression_config") or {}
+    kv = qc.get("kv_cache_scheme") if isinstance(qc, dict) else None
+    if not kv:
+        return False
+    w = f"{where}/config.json: quantization_config.kv_cache_scheme"
+    if (kv.get("type"), kv.get("num_bits")) != ("float", 8):
+        raise _bad(w, "type", kv.get("type"), "an FP8 KV cache (float, 8 bits) is served")
+    if kv.get("strategy", "tensor") != "tensor" or kv.get("dynamic"):
+        raise _bad(w, "strategy", kv.get("strategy"), "static per-tensor KV scales are served")
+    return True
+
+
 def _bad(where: str, field: str, value: Any, why: str) -> QuantConfigError:
     return QuantConfigError(f"{where}.{field}={value!r}: {why}")
 
@@ -168,8 +183,10 @@ def _ignored_ok(ignore: list) -> bool:
     return all(str(name).removeprefix("re:").lstrip(".*") in ("lm_head", "lm_head$") for name in ignore)
 
 
-def _compressed_tensors(qc: dict, where: str) -> QuantScheme:
+def _compressed_tensors(qc: dict, where: str) -> QuantScheme | None:
     groups = qc.get("config_groups") or {}
+    if not groups and qc.get("kv_cache_scheme"):
+        return None  # only the KV cache is quantized (checkpoint_kv_cache_scales); the weights are float
     if len(groups) != 1:
         raise _bad(where, "config_groups", sorted(groups), "exactly one group of Linear layers is served")
     ((gname, group),) = groups.items()

@@ -32,7 +32,7 @@ ACTIVATION_KINDS = (None, "int8", "fp8")
 FP8_DTYPE = jnp.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # leaves kept in float32 whatever the model's dtype: the W8A8 scales multiply an f32 accumulator
-FLOAT32_LEAVES = ("weight_scale", "input_scale")
+FLOAT32_LEAVES = ("weight_scale", "input_scale", "k_scale", "v_scale")
 
 
 @dataclass(frozen=True, slots=True)
