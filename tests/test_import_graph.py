@@ -159,7 +159,7 @@ RULES = [
         ),
     ),
     Rule(
-        "models call kernels only through the attention layer",
+        "models call kernels only through the layers (attention, linear)",
         within("jaxllm/models"),
         any_of("jaxllm.kernels"),
     ),
