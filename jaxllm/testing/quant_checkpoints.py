@@ -6,7 +6,7 @@ transformers on them: `ensure_quant_checkpoints()` returns the cache folder, bui
                               llm-compressor's pins conflict with jaxllm's), stamped with the file's hash
     manifest.json             per checkpoint: tool and version, scheme, build times
     checkpoints/<name>/       Hugging Face folder + reference.json, tool_metadata.json,
-                              layer0_dense.safetensors (scripts/quant_checkpoints/references.py)
+                              layer0_dense.reference (scripts/quant_checkpoints/references.py)
 
 A cache built by the current recipe is returned as is, without the tools (no network needed). Otherwise
 the venv is (re)created and scripts/quant_checkpoints/build.py runs inside it. When that install fails

@@ -4,7 +4,7 @@ tools, each beside what transformers computes with it, into a cache folder:
   <cache>/manifest.json                  recipe hash; per checkpoint: tool and versions, scheme, seconds
   <cache>/checkpoints/<name>/            a Hugging Face folder (config.json with quantization_config,
                                          model.safetensors, tokenizer), plus reference.json,
-                                         tool_metadata.json and layer0_dense.safetensors (references.py)
+                                         tool_metadata.json and layer0_dense.reference (references.py)
 
 Runs inside the tools' own venv (requirements.txt beside this file; jaxllm.testing.quant_checkpoints
 creates it and calls this script). Idempotent: a checkpoint is built only when its folder lacks a

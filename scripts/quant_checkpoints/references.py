@@ -10,7 +10,7 @@ Three files per checkpoint:
   tool_metadata.json          the tool's own view of layer 0: each Linear's kernel class and the tensors it
                               allocates (name, dtype, shape) as loaded, plus the quantization config the
                               tool parsed from the folder
-  layer0_dense.safetensors    the tool's own dequantization of layer 0's Linears, f32[N, K] (torch's
+  layer0_dense.reference    the tool's own dequantization of layer 0's Linears, f32[N, K] (torch's
                               out x in), to check an independent unpacking against
 """
 
@@ -140,7 +140,7 @@ def write_references(folder: Path, prompts: list[dict]) -> dict:
         result.update(_forced(model, prompt["prompt_ids"], base_tokens))
         result["base_tokens"] = base_tokens
         results.append(result)
-    save_file(_layer0_dense(model), str(folder / "layer0_dense.safetensors"))
+    save_file(_layer0_dense(model), str(folder / "layer0_dense.reference"))
     metadata["layer0_class_after_forward"] = {
         name: type(model.model.layers[0].get_submodule(name)).__qualname__ for name in LAYER0_LINEARS
     }

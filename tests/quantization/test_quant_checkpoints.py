@@ -13,7 +13,7 @@ Layouts (K inputs, N outputs, group size g; torch's weight is [N, K]):
   AWQ GEMM                                  qweight i32[K, N/8], qzeros i32[K/g, N/8] (nibble i of a word
                                             holds column 8j + [0,2,4,6,1,3,5,7][i]), scales f16[K/g, N]
 The unpacking below is written from these descriptions and checked against the tool's own dequantized
-layer 0 (layer0_dense.safetensors), so a wrong nibble order or zero offset fails here first.
+layer 0 (layer0_dense.reference), so a wrong nibble order or zero offset fails here first.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def test_unpacking_matches_tool_dequantization(cache, name):
     qconfig = config["quantization_config"]
     fmt = _format(qconfig)
     tensors = safetensors_torch.load_file(str(folder / "model.safetensors"))
-    dense = safetensors_torch.load_file(str(folder / "layer0_dense.safetensors"))
+    dense = safetensors_torch.load_file(str(folder / "layer0_dense.reference"))
     for linear, (k, n) in _linear_shapes(config).items():
         prefix = f"model.layers.0.{linear}."
         params = {key.removeprefix(prefix): t for key, t in tensors.items() if key.startswith(prefix)}
