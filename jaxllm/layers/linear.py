@@ -79,10 +79,11 @@ def quantized_matmul(x: jax.Array, params: dict, scheme: QuantScheme, use_kernel
 
         return w4a16_matmul(x, params["qweight"], params["scales"], params["zeros"])
     if scheme.weights != "int4" and params["scales"].shape[0] == 1:
-        y = jnp.dot(x, params["qweight"].astype(dtype), preferred_element_type=jnp.float32)
-        return (y * params["scales"][0].astype(jnp.float32)).astype(dtype)
+        # as nn.Dense: a dot in x's dtype (GPUs accumulate half precision in f32 inside the GEMM; XLA's
+        # CPU has no bf16 x bf16 -> f32 dot)
+        return jnp.dot(x, params["qweight"].astype(dtype)) * params["scales"][0].astype(dtype)
     w = dequantize(params, scheme, dtype)
-    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype)
+    return jnp.dot(x, w)
 
 
 def w4a16_kernel_fits(params: dict) -> bool:
