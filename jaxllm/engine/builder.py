@@ -235,7 +235,6 @@ def startup_lines(config: EngineConfig, platform: Platform, info: dict, kv_sizin
     settings = {
         "model": info["model"],
         "dtype": info["dtype"],
-        "quantization": info["quantization"],
         "weight_gib": info["weight_gib"],
         "kv_cache_dtype": info["kv_cache_dtype"],
         **({"kv_cache_scales": info["kv_cache_scales"]} if "kv_cache_scales" in info else {}),
@@ -250,6 +249,8 @@ def startup_lines(config: EngineConfig, platform: Platform, info: dict, kv_sizin
         "executable_cache": runner.executable_cache,
         "compilation_cache_dir": runner.compilation_cache_dir,
     }
+    if info["quantization"]:
+        settings["quantization"] = info["quantization"]
     if platform.name != "cpu":  # the host's KV budget does not come from this fraction
         settings["gpu_memory_utilization"] = cache.gpu_memory_utilization
     if cache.swap_space_gib:
