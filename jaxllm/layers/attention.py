@@ -67,7 +67,7 @@ def check_kv_cache_dtype(kv_cache_dtype: str, page_dtype, backend: str, device) 
 def kv_cache_scales(module) -> tuple:
     """(k_scale, v_scale) of an attention module's layer: its params `k_scale` / `v_scale` (f32[], from a
     checkpoint with an FP8 KV-cache scheme) where present, else 1.0. Only fp8 caches use them."""
-    if getattr(module.arch, "kv_cache_scales", False):
+    if getattr(getattr(module, "arch", None), "kv_cache_scales", False):
         return tuple(
             module.param(name, nn.initializers.ones_init(), (), jnp.float32)
             for name in ("k_scale", "v_scale")
