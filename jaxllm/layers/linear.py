@@ -22,16 +22,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxllm.kernels.int4_reference import unpack_int4
 from jaxllm.layers.tensor_parallel import current_tp_mesh
 from jaxllm.quantization.scheme import FP8_DTYPE, FP8_MAX, QuantScheme
 
 INT8_MAX = 127.0
-
-
-def unpack_int4(qweight: jax.Array) -> jax.Array:  # u8[K/2, N] -> u8[K, N]
-    lo = qweight & 0xF
-    hi = qweight >> 4
-    return jnp.stack([lo, hi], axis=1).reshape(qweight.shape[0] * 2, qweight.shape[1])
 
 
 def dequantize(params: dict, scheme: QuantScheme, dtype) -> jax.Array:

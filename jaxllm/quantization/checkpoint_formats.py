@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxllm.kernels.int4_reference import pack_int4
 from jaxllm.quantization.scheme import QuantScheme
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column AutoAWQ packs into nibble i of each int32
@@ -52,11 +53,6 @@ def unpack_bytes(x) -> jnp.ndarray:
     shifts = jnp.asarray([0, 8, 16, 24], jnp.uint32)
     vals = (x[..., None] >> shifts) & 0xFF  # [R, C, 4]
     return vals.reshape(x.shape[0], x.shape[1] * 4).astype(jnp.uint8)
-
-
-def pack_int4(q) -> jnp.ndarray:  # u8[K, N] values 0..15 -> u8[K/2, N]
-    q = jnp.asarray(q).astype(jnp.uint8)
-    return q[0::2] | (q[1::2] << 4)
 
 
 def sort_act_order(q, g_idx, group: int, where: str):

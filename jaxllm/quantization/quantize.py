@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxllm.quantization.checkpoint_formats import pack_int4
+from jaxllm.kernels.int4_reference import pack_int4
 from jaxllm.quantization.scheme import FP8_DTYPE, FP8_MAX
 
 

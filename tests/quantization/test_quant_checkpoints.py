@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxllm.testing.quant_checkpoints import QuantToolsUnavailable, checkpoint_names, ensure_quant_checkpoints
+from jaxllm.testing.quant_checkpoints import checkpoint_names
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -34,14 +34,6 @@ QUANTIZED = [name for name in checkpoint_names() if name != "base"]
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 LINEARS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column 8j + AWQ_ORDER[i]
-
-
-@pytest.fixture(scope="module")
-def cache() -> Path:
-    try:
-        return ensure_quant_checkpoints()
-    except QuantToolsUnavailable as e:
-        pytest.skip(str(e))
 
 
 def _folder(cache: Path, name: str) -> Path:

@@ -16,12 +16,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jaxllm.testing.quant_checkpoints import QuantToolsUnavailable, checkpoint_names, ensure_quant_checkpoints
+from jaxllm.testing.quant_checkpoints import checkpoint_names
 
 pytestmark = pytest.mark.quant_tools
 
@@ -44,14 +43,6 @@ PROJECTIONS = {  # jaxllm's fused projection -> the checkpoint's parts, in fused
     "mlp/gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp/down_proj": ("mlp.down_proj",),
 }
-
-
-@pytest.fixture(scope="module")
-def cache() -> Path:
-    try:
-        return ensure_quant_checkpoints()
-    except QuantToolsUnavailable as e:
-        pytest.skip(str(e))
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
