@@ -84,13 +84,17 @@ class GenerationDefaults:
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    model: str | None = None  # HF folder, GGUF file, preset name, or None for the embedded model
+    model: str | None = None  # HF folder, GGUF file, preset name, Hub id, or None for the embedded model
     tokenizer: str | None = None
     dtype: str = "auto"
     load_format: str = "auto"
     quantization: str | None = None
     seed: int = 0
     checkpoint_dir: str | None = None  # orbax cache of converted params
+    revision: str | None = None  # of a Hub model id: a branch, tag or commit (None: the default branch)
+    tokenizer_revision: str | None = None  # of a Hub tokenizer (None: the model's files)
+    download_dir: str | None = None  # the Hub cache for a model id (None: huggingface_hub's)
+    name: str | None = None  # the model's name when its folder's is not (a Hub id's snapshot folder)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,16 +48,47 @@ from jaxllm.engine.batch_defaults import default_batch_limits
 # 32K-128K) would make every request's block table and the largest buckets needlessly large there.
 CPU_MAX_MODEL_LEN = 2048
 GENERATION_CONFIG_MODES = ("auto", "vllm")
+# vLLM's --tokenizer-mode values; jaxllm reads tokenizer files through transformers' fast tokenizer only.
+REFUSED_TOKENIZER_MODES = {
+    "mistral": "mistral_common's tokenizer is not supported; leave the flag out to read the model's Hugging "
+    "Face tokenizer files (tokenizer.json)",
+    "deepseek_v32": "DeepSeek-V3.2's own tokenizer is not supported; leave the flag out",
+    "custom": "custom tokenizer plugins are not supported; leave the flag out",
+}
+TOKENIZER_MODES = ("auto", "hf", "slow", *REFUSED_TOKENIZER_MODES)
+DISTRIBUTED_EXECUTOR_BACKENDS = ("ray", "mp", "uni", "external_launcher")
 
 
 def arg_field(
-    default: Any, help: str, *, aliases: tuple[str, ...] = (), choices=None, ge=None, gt=None, le=None
+    default: Any,
+    help: str,
+    *,
+    aliases: tuple[str, ...] = (),
+    choices=None,
+    ge=None,
+    gt=None,
+    le=None,
+    no_effect: str | None = None,
+    json_list: bool = False,
 ):
     """A field with its command-line metadata: help text, extra flag names (vLLM's short forms), the
-    allowed values and bounds (checked in __post_init__, shown by --help)."""
+    allowed values and bounds (checked in __post_init__, shown by --help). `no_effect`: why a vLLM option
+    jaxllm accepts does nothing here (logged once when given: flags_without_effect); `json_list`: a list
+    written as one JSON array (`--allowed-origins '["*"]'`), as vLLM takes it."""
+    if no_effect is not None:
+        help += "; accepted for vLLM's command lines, no effect here"
     return field(
         default=default,
-        metadata={"help": help, "aliases": aliases, "choices": choices, "ge": ge, "gt": gt, "le": le},
+        metadata={
+            "help": help,
+            "aliases": aliases,
+            "choices": choices,
+            "ge": ge,
+            "gt": gt,
+            "le": le,
+            "no_effect": no_effect,
+            "json_list": json_list,
+        },
     )
 
 
@@ -85,7 +116,31 @@ class EngineArgs:
         "HF folder, GGUF file or random-weight preset (with --load-format dummy); default: the "
         "embedded SmolLM2-135M-Instruct",
     )
-    tokenizer: str | None = arg_field(None, "tokenizer folder (default: the model's)")
+    tokenizer: str | None = arg_field(None, "tokenizer folder or Hub id (default: the model's)")
+    revision: str | None = arg_field(
+        None, "the Hub model's branch, tag or commit (default: its default branch)"
+    )
+    tokenizer_revision: str | None = arg_field(
+        None, "the Hub tokenizer's branch, tag or commit (default: the model's files)"
+    )
+    download_dir: str | None = arg_field(
+        None, "where Hub models are downloaded to and looked up (default: huggingface_hub's cache, $HF_HOME)"
+    )
+    tokenizer_mode: str = arg_field(
+        "auto",
+        "which tokenizer implementation: jaxllm reads the tokenizer files through transformers' fast "
+        "tokenizer (auto); hf and slow are accepted, mistral, deepseek_v32 and custom refused",
+        choices=TOKENIZER_MODES,
+        no_effect="jaxllm reads the model's tokenizer files through transformers' fast tokenizer, as auto does",
+    )
+    trust_remote_code: bool = arg_field(
+        False,
+        "run a checkpoint's own Python code",
+        no_effect="jaxllm runs its own implementation of each architecture, never a checkpoint's code",
+    )
+    code_revision: str | None = arg_field(
+        None, "revision of a checkpoint's own code", no_effect="jaxllm never runs a checkpoint's code"
+    )
     dtype: str = arg_field(
         "auto",
         "weights' dtype; auto: the checkpoint's half precision, float32 checkpoints and GGUF become "
@@ -170,6 +225,30 @@ class EngineArgs:
     async_scheduling: bool = arg_field(True, "schedule the next step while the device runs the current one")
     # ---- devices and hosts -----------------------------------------------------------------------------
     tensor_parallel_size: int = arg_field(1, "devices the model is split over", aliases=("-tp",), ge=1)
+    pipeline_parallel_size: int = arg_field(
+        1,
+        "pipeline stages; only 1: jaxllm splits a model with --tensor-parallel-size (also over hosts)",
+        aliases=("-pp",),
+        ge=1,
+    )
+    data_parallel_size: int = arg_field(
+        1,
+        "engine replicas in one server; only 1: run one server per replica behind a load balancer",
+        aliases=("-dp",),
+        ge=1,
+    )
+    distributed_executor_backend: str | None = arg_field(
+        None,
+        "vLLM's worker processes (ray, mp, uni, external_launcher)",
+        choices=(None, *DISTRIBUTED_EXECUTOR_BACKENDS),
+        no_effect="jaxllm runs one process per host, joined by jax.distributed (--coordinator-address)",
+    )
+    max_parallel_loading_workers: int | None = arg_field(
+        None,
+        "load the model in sequential batches of this many workers",
+        ge=1,
+        no_effect="each host loads its own shards, on threads, within one process",
+    )
     coordinator_address: str | None = arg_field(
         None, "host:port of process 0 for a mesh over several hosts (also JAXLLM_COORDINATOR_ADDRESS)"
     )
@@ -209,6 +288,22 @@ class EngineArgs:
                 self.enable_chunked_prefill, self.max_num_batched_tokens, self.max_model_len
             )
         check_process_id(self.process_id, self.num_processes)
+        if self.pipeline_parallel_size > 1:
+            raise ValueError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} (--pipeline-parallel-size): jaxllm has no "
+                "pipeline parallelism; split the model over devices with --tensor-parallel-size (over several "
+                "hosts: --num-processes and --coordinator-address)"
+            )
+        if self.data_parallel_size > 1:
+            raise ValueError(
+                f"data_parallel_size={self.data_parallel_size} (--data-parallel-size): one jaxllm server runs one "
+                "engine; run one server per replica behind a load balancer (deploy/)"
+            )
+        if self.tokenizer_mode in REFUSED_TOKENIZER_MODES:
+            raise ValueError(
+                f"tokenizer_mode={self.tokenizer_mode!r} (--tokenizer-mode): "
+                f"{REFUSED_TOKENIZER_MODES[self.tokenizer_mode]}"
+            )
         if self.enforce_eager and self.compile_ahead:
             raise ValueError(
                 "enforce_eager (--enforce-eager) and compile_ahead=True (--compile-ahead) contradict each "
@@ -242,6 +337,9 @@ class EngineArgs:
             quantization=self.quantization,
             seed=self.seed,
             checkpoint_dir=self.checkpoint_dir,
+            revision=self.revision,
+            tokenizer_revision=self.tokenizer_revision,
+            download_dir=self.download_dir,
         )
 
     def parallel_config(self) -> ParallelConfig:
@@ -258,11 +356,13 @@ class EngineArgs:
         model_max_len: int,
         usage: str,
         generation: GenerationDefaults | None = None,
+        model: ModelSpec | None = None,
     ) -> EngineConfig:
         """Every platform default, resolved: the one place where None becomes a value.
 
         `model_max_len`: the model's max_position_embeddings; `usage`: "offline" (LLM) or "server";
-        `generation`: the request sampling defaults read for --generation-config (loader/generation_config.py).
+        `generation`: the request sampling defaults read for --generation-config (loader/generation_config.py);
+        `model`: the model as resolved (a Hub id's local folder: jaxllm/hub.py; default: model_spec()).
         Raises ValueError naming the flags when the values do not fit together or the model."""
         if usage not in USAGES:
             raise ValueError(f"usage={usage!r} must be one of {USAGES}")
@@ -294,7 +394,7 @@ class EngineArgs:
         else:
             cache_dir = self.compilation_cache_dir or None  # "": off
         return EngineConfig(
-            model=self.model_spec(),
+            model=model or self.model_spec(),
             cache=CacheConfig(
                 block_size=self.block_size,
                 gpu_memory_utilization=self.gpu_memory_utilization,
@@ -356,6 +456,20 @@ def engine_args_from_kwargs(caller: str, model: str | None, kwargs: dict[str, An
 
 
 ENGINE_ARG_NAMES = tuple(f.name for f in dataclasses.fields(EngineArgs))
+
+
+def flags_without_effect(args: Any) -> list[str]:
+    """One line per option of `args` (EngineArgs, ServerArgs) given a value other than its default whose
+    field says it has no effect here (arg_field's `no_effect`), with the reason."""
+    lines = []
+    for f in dataclasses.fields(args):
+        reason, value = f.metadata.get("no_effect"), getattr(args, f.name)
+        if reason is not None and value != f.default:
+            given = flag_name(f.name) + ("" if isinstance(value, bool) else f" {value}")
+            lines.append(f"{given} has no effect in jaxllm: {reason}")
+    return lines
+
+
 _TYPES = typing.get_type_hints(EngineArgs)
 
 

@@ -2,6 +2,7 @@
 
     size XLA's memory pool, join the other hosts      (before jax starts its backend)
     detect the platform                               -> Platform (device kind and memory, "auto" backend)
+    fetch a Hub model id's files, or find them cached -> ModelSpec of a local folder (jaxllm/hub.py)
     open the model: configs or the GGUF header        -> ModelSource (architecture, max length)
     read the generation config                        -> request sampling defaults
     resolve the configuration, once                   -> EngineConfig (EngineArgs.create_engine_config)
@@ -25,10 +26,10 @@ from jaxllm.core.scheduler import Scheduler
 from jaxllm.engine.batch_defaults import device_total_memory
 from jaxllm.engine.heap import collect_dropped_engines, freeze_startup_heap
 from jaxllm.engine.llm_engine import LLMEngine
-from jaxllm.engine_args import EngineArgs, Platform
+from jaxllm.engine_args import EngineArgs, Platform, flags_without_effect
 from jaxllm.kernels.kv_quant import is_fp8
 from jaxllm.layers.attention import check_kv_cache_dtype, resolve_backend
-from jaxllm.loader import LoadedModel, load_weights, open_model
+from jaxllm.loader import LoadedModel, load_weights, open_model, resolve_model
 from jaxllm.loader.generation_config import read_generation_defaults
 from jaxllm.parallel import TensorParallelPlan, agree_on_min, initialize_distributed, plan_tensor_parallel
 from jaxllm.runner import executable_cache
@@ -56,6 +57,12 @@ def enable_compilation_cache(path: str | None) -> str | None:
     return path
 
 
+def log_flags_without_effect(args: EngineArgs) -> None:
+    """One line for each vLLM option given that jaxllm accepts but has no use for (its reason)."""
+    for line in flags_without_effect(args):
+        logger.info(line)
+
+
 def detect_platform() -> Platform:
     device = jax.local_devices()[0]
     return Platform(
@@ -76,9 +83,13 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
     distributed = initialize_distributed(args.parallel_config())  # before any other jax use
     platform = detect_platform()
     logger.info("device: %s", device_description(platform))
-    source = open_model(args.model_spec(), args.tensor_parallel_size)
+    log_flags_without_effect(args)
+    spec = resolve_model(args.model_spec())  # a Hub id: its files, fetched or from the cache
+    source = open_model(spec, args.tensor_parallel_size)
     generation = read_generation_defaults(args.generation_config, args.override_generation_config, source)
-    config = args.create_engine_config(platform, source.arch.max_position_embeddings, usage, generation)
+    config = args.create_engine_config(
+        platform, source.arch.max_position_embeddings, usage, generation, model=spec
+    )
     cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
     tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, config.model)
     loaded = load_weights(source, config.runner.attention_backend, tp.sharding_fn)

@@ -8,6 +8,7 @@ from jaxllm.loader.loader import (
     load_weights,
     open_model,
     resolve_dtype,
+    resolve_model,
 )
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "load_weights",
     "open_model",
     "resolve_dtype",
+    "resolve_model",
     "restore_params",
     "save_params",
 ]

@@ -7,6 +7,7 @@ module and fill its params (load_weights).
                           int4, other types dequantized)    } cache if it matches, else convert and save
   folder with config   -> safetensors_loader                 }
   preset name + dummy  -> dummy (random, on device)
+  Hub id "ORG/NAME"    -> its snapshot folder, fetched first (resolve_model: jaxllm/hub.py)
 -> LoadedModel(module, params, arch, tokenizer, ...). Load times are logged on logger "jaxllm".
 
 dtype "auto": the checkpoint's torch_dtype (bfloat16/float16 kept as is); float32 checkpoints and
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 
 from jaxllm.config import ModelSpec
 from jaxllm.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from jaxllm.hub import ModelNotFoundError, resolve_hub_model
 from jaxllm.loader.checkpoint import CheckpointCache
 from jaxllm.loader.dummy import dummy_params
 from jaxllm.loader.params_builder import ShardingFn
@@ -84,25 +86,28 @@ def source_kind(spec: ModelSpec) -> tuple[str, str]:
         if os.path.isdir(model):
             return "dummy", model
         raise ValueError(
-            f"load_format='dummy' needs a preset ({', '.join(sorted(PRESETS))}) or an HF folder, got {model!r}"
+            f"load_format='dummy' needs a preset ({', '.join(sorted(PRESETS))}), an HF folder or a Hub model id, "
+            f"got {model!r}"
         )
     if model in PRESETS:
         raise ValueError(f"{model!r} is a random-weight preset: use load_format='dummy' with it")
     if model.endswith(".gguf") or spec.load_format == "gguf":
         if not os.path.isfile(model):
-            raise FileNotFoundError(f"GGUF file {model} does not exist")
+            raise ModelNotFoundError(f"GGUF file {model} does not exist")
         return "gguf", model
     if os.path.isdir(model):
         return "hf", model
-    raise FileNotFoundError(
-        f"model {model!r} is neither an existing folder, a .gguf file, nor a preset ({', '.join(sorted(PRESETS))}); "
-        "models cannot be downloaded here"
+    raise ModelNotFoundError(
+        f"model {model!r} is neither an existing folder, a .gguf file, a preset ({', '.join(sorted(PRESETS))}) "
+        "nor a Hugging Face Hub model id"
     )
 
 
 def _model_name(spec: ModelSpec, path: str) -> str:
     if spec.model is None:
         return EMBEDDED_MODEL_NAME
+    if spec.name is not None:
+        return spec.name
     return os.path.basename(os.path.normpath(path)).removesuffix(".gguf")
 
 
@@ -182,8 +187,15 @@ def load_model(
     tp_size: int = 1,
 ) -> LoadedModel:
     """`sharding_fn(path, ShapeDtypeStruct) -> Sharding` optionally places each parameter as it loads;
-    `tp_size`: the shards the model's fused projections are laid out for (models/fused_projections.py)."""
-    return load_weights(open_model(spec, tp_size), attn_backend, sharding_fn)
+    `tp_size`: the shards the model's fused projections are laid out for (models/fused_projections.py).
+    A Hub model id is fetched first (resolve_model)."""
+    return load_weights(open_model(resolve_model(spec), tp_size), attn_backend, sharding_fn)
+
+
+def resolve_model(spec: ModelSpec) -> ModelSpec:
+    """`spec` with a Hugging Face Hub id fetched (or found in the cache) and named by its local snapshot
+    folder (jaxllm/hub.py); a path that exists, a preset or a .gguf path stays as it is."""
+    return resolve_hub_model(spec, local_names=PRESETS)
 
 
 def load_weights(

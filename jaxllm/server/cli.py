@@ -12,7 +12,8 @@ import logging
 import sys
 from typing import NamedTuple
 
-from jaxllm.engine_args import EngineArgs
+from jaxllm.engine_args import EngineArgs, flags_without_effect
+from jaxllm.hub import ModelNotFoundError
 from jaxllm.server.args import (
     API_KEY_ENV,
     DEFAULT_GIL_SWITCH_INTERVAL_MS,
@@ -94,8 +95,14 @@ def serve(args: ServeArgs) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     sys.setswitchinterval(server.gil_switch_interval_ms / 1000)
     logger.info("jaxllm API server; engine arguments given: %s", args.engine.non_default() or "none")
+    for line in flags_without_effect(server):
+        logger.info(line)
     names = server.served_model_name
-    engine = AsyncLLMEngine.from_engine_args(args.engine, served_model_name=names[0] if names else None)
+    try:
+        engine = AsyncLLMEngine.from_engine_args(args.engine, served_model_name=names[0] if names else None)
+    except ModelNotFoundError as e:  # the user's model path or id: one line, not a traceback
+        logger.error("%s", e)
+        sys.exit(1)
     channel = None
     # One mesh over several hosts: process 0 serves, the others follow (a stand-in engine has no .engine).
     dist = getattr(getattr(engine, "engine", None), "distributed", None)

@@ -142,13 +142,14 @@ def test_unsupported_quant_type_and_gguf_architecture(tmp_path):
         load_model(ModelSpec(model=str(tmp_path / "m.gguf")))
 
 
-def test_presets_need_dummy_and_bad_rope():
+def test_presets_need_dummy_and_bad_rope(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # "no-such-model" is a Hub id: looked up in the cache only
     with pytest.raises(ValueError, match="load_format='dummy'"):
         load_model(ModelSpec(model="llama-3.1-8b"))
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         load_model(ModelSpec(model="no-such-model"))
     with pytest.raises(ValueError, match="needs a preset"):
-        load_model(ModelSpec(model="no-such-model", load_format="dummy"))
+        load_model(ModelSpec(model="./no-such-model", load_format="dummy"))
     with pytest.raises(ValueError, match="rope_type='longrope'"):
         ModelArchConfig.from_hf({**TINY, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
     with pytest.raises(ValueError, match="num_heads=3"):
