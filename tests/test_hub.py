@@ -163,17 +163,22 @@ def test_not_hub_ids():
     assert not is_hub_model_id("tiny-llama", local_names=("tiny-llama",))
 
 
-def test_serve_an_absent_model_exits_with_one_line(hub):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.getcwd()}
+@pytest.mark.parametrize(
+    "model, says",
+    [("tiny-org/absent", "HF_HUB_OFFLINE is set"), ("/no/such/folder", "is neither an existing folder")],
+)
+def test_serve_an_absent_model_exits_with_one_line(hub, model, says):
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu", "PYTHONPATH": repo_root}
     r = subprocess.run(
-        [sys.executable, "-m", "jaxllm.entrypoints.openai.api_server", "--model", "tiny-org/absent",
+        [sys.executable, "-m", "jaxllm.entrypoints.openai.api_server", "--model", model,
          "--download-dir", hub["cache"], "--max-model-len", "64"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("ERROR")]
-    assert len(errors) == 1 and "'tiny-org/absent'" in errors[0] and "HF_HUB_OFFLINE" in errors[0]
+    assert len(errors) == 1 and f"{model!r}" in errors[0] and says in errors[0], errors
 
 
 # ---- a Hub on 127.0.0.1 (tests/fake_hub.py): downloads, tokens and the Hub's errors through huggingface_hub

@@ -5,6 +5,7 @@
       POST /v1/chat/completions, /v1/completions -> serving_chat / serving_completion
       GET /v1/models, /health, /version, /metrics, /openapi.json (from the request models);
       POST /tokenize, /detokenize
+      middleware: --root-path, CORS, X-Request-Id (http_options.py), then the API key (auth.py)
 The generation routes fill the fields a request leaves out from the model's sampling defaults
 (--generation-config; protocol.with_sampling_defaults) before parsing it; a value the client sends wins.
 Every handler runs inside `_guard`: an APIError (or a client ValueError) answers that request alone; an
@@ -30,10 +31,12 @@ from jaxllm.server.auth import APIKeyMiddleware
 from jaxllm.server.body import read_json_object
 from jaxllm.server.errors import APIError, error_body, error_response
 from jaxllm.server.generation import check_model
+from jaxllm.server.http_options import HTTPOptions
 from jaxllm.server.metrics import ServerMetrics, StatsLogger
 from jaxllm.server.openapi import openapi_document
 from jaxllm.server.protocol import parse_detokenize, parse_tokenize, with_sampling_defaults
 from jaxllm.server.reasoning import REASONING_PARSERS
+from jaxllm.server.request_log import RequestLogger
 from jaxllm.server.serving_chat import create_chat_completion, render_chat
 from jaxllm.server.serving_completion import create_completion
 from jaxllm.server.state import ServerState
@@ -130,7 +133,10 @@ async def detokenize(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return JSONResponse(openapi_document(jaxllm.__version__))
+    doc = openapi_document(jaxllm.__version__)
+    if root_path := request.scope.get("root_path"):  # behind a proxy's prefix (--root-path), as FastAPI
+        doc = {**doc, "servers": [{"url": root_path}]}
+    return JSONResponse(doc)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -152,11 +158,16 @@ def build_app(
     enable_auto_tool_choice: bool = False,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
+    http: HTTPOptions | None = None,
+    request_logger: RequestLogger | None = None,
 ) -> Starlette:
     """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
     line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off);
-    `max_logprobs`: the engine's --max-logprobs, which requests are checked against. The last three are the
-    flags of the same names (tool calling and reasoning in chat responses)."""
+    `max_logprobs`: the engine's --max-logprobs, which requests are checked against. The next three are the
+    flags of the same names (tool calling and reasoning in chat responses). `http`: CORS, request-id
+    headers, root path, /openapi.json (http_options.py; default: vLLM's); `request_logger`: a log line per
+    generation request (--enable-log-requests; None: none)."""
+    http = http or HTTPOptions()
     if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
         raise ValueError(f"tool_call_parser={tool_call_parser!r} must be one of {sorted(TOOL_PARSERS)}")
     if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
@@ -176,6 +187,7 @@ def build_app(
         enable_auto_tool_choice=enable_auto_tool_choice,
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
+        request_logger=request_logger,
     )
 
     @contextlib.asynccontextmanager
@@ -216,9 +228,10 @@ def build_app(
         Route("/metrics", _guard(metrics), methods=["GET"]),
         Route("/tokenize", _guard(tokenize), methods=["POST"]),
         Route("/detokenize", _guard(detokenize), methods=["POST"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    middleware = [Middleware(APIKeyMiddleware, state=state)]
+    if http.serve_openapi:
+        routes.append(Route("/openapi.json", openapi, methods=["GET"]))
+    middleware = [*http.middleware(), Middleware(APIKeyMiddleware, state=state)]
     app = Starlette(
         routes=routes,
         middleware=middleware,

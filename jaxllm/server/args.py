@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxllm.engine_args import EngineArgs, arg_field, base_type, check_field, flag_name
+from jaxllm.server.http_options import HTTPOptions
+from jaxllm.server.request_log import RequestLogger
 
 # The parsers' names (jaxllm/server/tool_parsers/, jaxllm/server/reasoning/), written out so that the
 # flags are known without importing the parsers.
@@ -24,6 +26,7 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 API_KEY_ENV = "JAXLLM_API_KEY"
+VLLM_API_KEY_ENV = "VLLM_API_KEY"  # what vLLM deployments set; JAXLLM_API_KEY wins when both are
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
 # The engine thread and the event loop's HTTP work share the GIL. With Python's default 5 ms interval, a
 # step that wants the GIL back waits behind SSE and JSON work for up to that long, which shows directly in
@@ -36,7 +39,9 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 class ServerArgs:
     host: str | None = arg_field(None, "bind address (default: all interfaces)")
     port: int = arg_field(8000, "port", ge=0, le=65535)
-    api_key: str | None = arg_field(None, f"key every /v1 request must carry (default: ${API_KEY_ENV})")
+    api_key: str | None = arg_field(
+        None, f"key every /v1 request must carry (default: ${API_KEY_ENV}, else ${VLLM_API_KEY_ENV})"
+    )
     served_model_name: list[str] | None = arg_field(
         None, "the model's names in the API; the first is reported in responses (default: the model's)"
     )
@@ -69,6 +74,38 @@ class ServerArgs:
     )
     uvicorn_log_level: str = arg_field("info", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
     disable_log_stats: bool = arg_field(False, "no periodic log line of throughput and KV cache use")
+    enable_log_requests: bool = arg_field(
+        False, "log each generation request: its id, prompt (text and token ids) and sampling parameters"
+    )
+    disable_log_requests: bool = arg_field(
+        False, "log no requests (the default; vLLM's older flag), even with --enable-log-requests"
+    )
+    max_log_len: int | None = arg_field(
+        None, "most prompt characters and token ids a request's log line shows (default: all)", ge=0
+    )
+    disable_uvicorn_access_log: bool = arg_field(False, "no uvicorn access-log line per HTTP request")
+    # ---- HTTP, as a deployment sets it (http_options.py) ----------------------------------------------
+    root_path: str | None = arg_field(
+        None,
+        "the path prefix a reverse proxy serves the API under (FastAPI's root_path, as vLLM): routes answer "
+        "with and without it, /openapi.json names it",
+    )
+    allowed_origins: list[str] | None = arg_field(
+        None, 'CORS: allowed origins, a JSON list (default: ["*"], as vLLM)', json_list=True
+    )
+    allowed_methods: list[str] | None = arg_field(
+        None, 'CORS: allowed methods, a JSON list (default: ["*"])', json_list=True
+    )
+    allowed_headers: list[str] | None = arg_field(
+        None, 'CORS: allowed request headers, a JSON list (default: ["*"])', json_list=True
+    )
+    allow_credentials: bool = arg_field(False, "CORS: allow credentials (cookies, Authorization)")
+    enable_request_id_headers: bool = arg_field(
+        False, "an X-Request-Id header on every response: the request's own, else a new id"
+    )
+    disable_fastapi_docs: bool = arg_field(False, "serve no /openapi.json (jaxllm has no /docs or /redoc)")
+    ssl_keyfile: str | None = arg_field(None, "TLS: the private key file (HTTPS, with --ssl-certfile)")
+    ssl_certfile: str | None = arg_field(None, "TLS: the certificate file")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -77,9 +114,42 @@ class ServerArgs:
             raise ValueError(
                 "enable_auto_tool_choice=True (--enable-auto-tool-choice) requires --tool-call-parser"
             )
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ValueError("ssl_keyfile (--ssl-keyfile) and ssl_certfile (--ssl-certfile) go together")
+        self.http_options()  # checks --root-path
+
+    def http_options(self) -> HTTPOptions:
+        return HTTPOptions(
+            allowed_origins=tuple(self.allowed_origins or ("*",)),
+            allowed_methods=tuple(self.allowed_methods or ("*",)),
+            allowed_headers=tuple(self.allowed_headers or ("*",)),
+            allow_credentials=self.allow_credentials,
+            enable_request_id_headers=self.enable_request_id_headers,
+            root_path=self.root_path or "",
+            serve_openapi=not self.disable_fastapi_docs,
+        )
+
+    def request_logger(self) -> RequestLogger | None:
+        """A request log line only when asked for and not refused (--disable-log-requests wins)."""
+        if self.enable_log_requests and not self.disable_log_requests:
+            return RequestLogger(self.max_log_len)
+        return None
 
 
 _SERVER_TYPES = typing.get_type_hints(ServerArgs)
+
+
+def _json_list(flag: str):
+    def parse(text: str) -> list:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({e}): {text!r}") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError(f"{flag}: must be a JSON list of strings, got {text!r}")
+        return value
+
+    return parse
 
 
 def _json_object(flag: str):
@@ -115,6 +185,8 @@ def add_flags(parser: _AddsArguments, cls: type) -> None:
             kw["action"] = argparse.BooleanOptionalAction
         elif typ is dict:
             kw["type"], kw["metavar"] = _json_object(flag), "JSON"
+        elif typ is list and md.get("json_list"):
+            kw["type"], kw["metavar"] = _json_list(flag), "JSON"
         elif typ is list:
             kw["nargs"] = "+"
         else:
@@ -130,6 +202,12 @@ def make_arg_parser(prog: str = "jaxllm serve", positional_model: bool = True) -
     )
     if positional_model:
         p.add_argument("model_tag", nargs="?", default=None, help="model to serve (same as --model)")
+    p.add_argument(
+        "--config",
+        metavar="YAML",
+        help="a YAML file of flag values (keys: the flags' names without dashes); flags given on the "
+        "command line win (config_file.py)",
+    )
     add_flags(p.add_argument_group("engine"), EngineArgs)
     add_flags(p.add_argument_group("server"), ServerArgs)
     return p
@@ -139,7 +217,9 @@ def args_from_namespace(ns: argparse.Namespace) -> tuple[EngineArgs, ServerArgs]
     """Raises ValueError naming the field and its flag on a bad value (EngineArgs / ServerArgs checks)."""
     engine = EngineArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)})
     server = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)}
-    server["api_key"] = server["api_key"] or os.environ.get(API_KEY_ENV) or None
+    server["api_key"] = (
+        server["api_key"] or os.environ.get(API_KEY_ENV) or os.environ.get(VLLM_API_KEY_ENV) or None
+    )
     server["chat_template"] = load_chat_template(server["chat_template"])
     return engine, ServerArgs(**server)
 

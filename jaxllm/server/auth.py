@@ -11,6 +11,7 @@ import hmac
 from starlette.responses import JSONResponse
 
 from jaxllm.server.errors import error_body
+from jaxllm.server.http_options import route_path
 
 PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
 
@@ -24,8 +25,7 @@ class APIKeyMiddleware:
         key = self.state.api_key
         if key is None or scope["type"] != "http" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
-        path = scope.get("path", "")
-        if not path.startswith(PROTECTED_PREFIXES):
+        if not route_path(scope).startswith(PROTECTED_PREFIXES):  # below --root-path, as the routes see it
             return await self.app(scope, receive, send)
         got = b""
         for k, v in scope.get("headers", []):

@@ -1,6 +1,7 @@
 """Command line: `jaxllm serve [MODEL] [flags]` and `python -m jaxllm.entrypoints.openai.api_server --model M`.
 
-    argv --parse_args--> ServeArgs(engine: EngineArgs, server: ServerArgs)   (flags: server/args.py)
+    argv --parse_args--> ServeArgs(engine: EngineArgs, server: ServerArgs)   (flags: server/args.py;
+         --config FILE.yaml and --flag_name spellings: server/config_file.py)
          --AsyncLLMEngine.from_engine_args--> engine (loads, resolves, compiles, logs what it runs with)
          --build_app--> Starlette --uvicorn.run
 Flag names and meanings follow vLLM's. With no model the embedded SmolLM2-135M-Instruct is served.
@@ -23,6 +24,7 @@ from jaxllm.server.args import (
     load_chat_template,
     make_arg_parser,
 )
+from jaxllm.server.config_file import expand_config_file, normalize_flag_names
 
 __all__ = [
     "API_KEY_ENV",
@@ -53,7 +55,8 @@ class ServeArgs(NamedTuple):
 def parse_args(argv: list[str] | None = None, positional_model: bool = True) -> ServeArgs:
     """Exits with status 2 and a message naming the flag on a bad value, before anything loads."""
     parser = make_arg_parser(positional_model=positional_model)
-    ns = parser.parse_args(argv)
+    argv = normalize_flag_names(list(sys.argv[1:] if argv is None else argv))
+    ns = parser.parse_args(expand_config_file(argv, parser, positional_model))
     if positional_model and ns.model_tag is not None:
         if ns.model is not None and ns.model != ns.model_tag:
             parser.error(f"model given twice: {ns.model_tag!r} and --model {ns.model!r}")
@@ -125,13 +128,23 @@ def serve(args: ServeArgs) -> None:
         enable_auto_tool_choice=server.enable_auto_tool_choice,
         tool_call_parser=server.tool_call_parser,
         reasoning_parser=server.reasoning_parser,
+        http=server.http_options(),
+        request_logger=server.request_logger(),
     )
     shown_host = server.host if server.host not in (None, "", "0.0.0.0") else "0.0.0.0"
     for line in startup_lines(dict(engine.startup_info), f"http://{shown_host}:{server.port}"):
         logger.info(line)
     logger.info(http_runtime_line(server.gil_switch_interval_ms))
     try:
-        uvicorn.run(app, host=server.host or "0.0.0.0", port=server.port, log_level=server.uvicorn_log_level)
+        uvicorn.run(
+            app,
+            host=server.host or "0.0.0.0",
+            port=server.port,
+            log_level=server.uvicorn_log_level,
+            access_log=not server.disable_uvicorn_access_log,
+            ssl_keyfile=server.ssl_keyfile,
+            ssl_certfile=server.ssl_certfile,
+        )
     finally:
         if channel is not None:
             channel.stop()  # lets the followers return

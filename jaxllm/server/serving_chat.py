@@ -104,6 +104,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
         vocab_size=state.vocab_size,
     )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
+    state.log_request(rid, ids, params)
     created = int(time.time())
     stream = tracked(state.engine, ids, params, rid, state.metrics, req.common.priority)
     try:

@@ -67,6 +67,8 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
             )
         )
     rid = f"cmpl-{uuid.uuid4().hex}"
+    for i, ((_, ids), sp) in enumerate(zip(prompts, params, strict=True)):
+        state.log_request(f"{rid}-{i}", ids, sp)
     created = int(time.time())
     priority = req.common.priority
     streams = [

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from jaxllm.server.metrics import ServerMetrics
+from jaxllm.server.request_log import RequestLogger
 
 
 @dataclass(slots=True)
@@ -26,6 +27,11 @@ class ServerState:
     enable_auto_tool_choice: bool = False  # tool_choice "auto" reads calls with tool_call_parser
     tool_call_parser: str | None = None  # a jaxllm.server.tool_parsers.TOOL_PARSERS name
     reasoning_parser: str | None = None  # a jaxllm.server.reasoning.REASONING_PARSERS name
+    request_logger: RequestLogger | None = None  # --enable-log-requests: a line per generation request
+
+    def log_request(self, request_id: str, prompt_ids: list[int], params) -> None:
+        if self.request_logger is not None:
+            self.request_logger.log(request_id, prompt_ids, params, self.engine.tokenizer)
 
     @property
     def auto_tool_choice(self) -> bool:

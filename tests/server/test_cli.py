@@ -23,6 +23,7 @@ def engine_args(argv: list[str], **kw) -> EngineArgs:
 
 def test_defaults_are_the_dataclasses_defaults(monkeypatch):
     monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
     args = cli.parse_args([])
     assert args.engine == EngineArgs() and args.server == ServerArgs()
     assert args.server.port == 8000 and args.server.host is None and args.server.api_key is None
@@ -90,6 +91,19 @@ SERVER_FLAGS = {
     "enable_auto_tool_choice": (["--enable-auto-tool-choice"], True),
     "tool_call_parser": (["--tool-call-parser", "hermes"], "hermes"),
     "reasoning_parser": (["--reasoning-parser", "deepseek_r1"], "deepseek_r1"),
+    "enable_log_requests": (["--enable-log-requests"], True),
+    "disable_log_requests": (["--disable-log-requests"], True),
+    "max_log_len": (["--max-log-len", "40"], 40),
+    "disable_uvicorn_access_log": (["--disable-uvicorn-access-log"], True),
+    "root_path": (["--root-path", "/llm"], "/llm"),
+    "allowed_origins": (["--allowed-origins", '["https://a.example"]'], ["https://a.example"]),
+    "allowed_methods": (["--allowed-methods", '["GET", "POST"]'], ["GET", "POST"]),
+    "allowed_headers": (["--allowed-headers", '["Authorization"]'], ["Authorization"]),
+    "allow_credentials": (["--allow-credentials"], True),
+    "enable_request_id_headers": (["--enable-request-id-headers"], True),
+    "disable_fastapi_docs": (["--disable-fastapi-docs"], True),
+    "ssl_keyfile": (["--ssl-keyfile", "/k.pem"], "/k.pem"),
+    "ssl_certfile": (["--ssl-certfile", "/c.pem"], "/c.pem"),
 }
 
 
