@@ -30,6 +30,7 @@ from jaxllm.server.auth import APIKeyMiddleware
 from jaxllm.server.body import read_json_object
 from jaxllm.server.errors import APIError, error_body, error_response
 from jaxllm.server.generation import check_model
+from jaxllm.server.http_metrics import HTTPMetricsMiddleware
 from jaxllm.server.metrics import ServerMetrics, StatsLogger
 from jaxllm.server.openapi import openapi_document
 from jaxllm.server.protocol import parse_detokenize, parse_tokenize, with_sampling_defaults
@@ -218,7 +219,10 @@ def build_app(
         Route("/detokenize", _guard(detokenize), methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    middleware = [Middleware(APIKeyMiddleware, state=state)]
+    middleware = [
+        Middleware(HTTPMetricsMiddleware, metrics=state.metrics.http, paths=[r.path for r in routes]),
+        Middleware(APIKeyMiddleware, state=state),
+    ]
     app = Starlette(
         routes=routes,
         middleware=middleware,

@@ -11,7 +11,8 @@ Three sources feed one registry of `jaxllm:` series (`ServerMetrics.own`):
   (end-to-end, queue, prefill, decode and inference time, time per output token, prompt and generation
   tokens, the n and max_tokens parameters) and request_success by finished_reason.
 /metrics renders `ServerMetrics.registry`: the `jaxllm:` families, their `vllm:` twins (vllm_metrics.py:
-vLLM's labels and bucket bounds) and the process metrics vLLM's default registry carries (process_*,
+vLLM's labels and bucket bounds), the HTTP metrics vLLM's server has (http_metrics.py: requests by route
+and status class, latencies) and the process metrics vLLM's default registry carries (process_*,
 python_gc_*, python_info).
 Counting as vLLM's engine does with a parent request of n samples: request_success and
 request_generation_tokens once per sample (choice); the other per-request histograms once per request.
@@ -38,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import RequestOutputKind
+from jaxllm.server.http_metrics import HTTPMetrics
 from jaxllm.server.vllm_metrics import VllmTwins, vllm_histogram_bounds, with_vllm_bounds
 from jaxllm.stats import ITERATION_TOKEN_BUCKETS, STEP_HOST_PHASES
 
@@ -261,9 +263,11 @@ class ServerMetrics:
             labels,
             registry=r,
         ).labels(model_name)
-        # What /metrics shows: ours, the vllm: twins, and the process metrics of vLLM's default registry.
+        # What /metrics shows: ours, the vllm: twins, vLLM's HTTP metrics and the process metrics of
+        # vLLM's default registry.
         self.registry = CollectorRegistry()
         self.registry.register(VllmTwins(self.own, vllm_bounds))
+        self.http = HTTPMetrics(self.registry)
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
 
