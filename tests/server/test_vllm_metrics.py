@@ -6,6 +6,7 @@ and on the real engine with the embedded SmolLM2-135M-Instruct."""
 from __future__ import annotations
 
 import os
+import re
 
 import httpx
 import pytest
@@ -242,3 +243,40 @@ def test_vllm_metrics_on_the_embedded_model(real_http):
     (info,) = [dict(ls) for (n, ls), _ in got.items() if n == "vllm:cache_config_info"]
     assert info["block_size"] == "16" and info["engine"] == "0" and int(info["num_gpu_blocks"]) > 0
     assert value(got, "vllm:num_requests_running") == 0 and value(got, "vllm:kv_cache_usage_perc") == 0
+
+
+def _documented_series() -> tuple[set[str], set[str]]:
+    """The series docs/deployment.md's Metrics tables list: (after the prefix, without a prefix)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deployment.md").read_text()
+    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    prefixed, plain = section.split("Without a prefix", 1)
+    names = [
+        {
+            n
+            for line in part.splitlines()
+            if line.startswith("| `")
+            for n in re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])
+        }
+        for part in (prefixed, plain)
+    ]
+    return names[0], names[1]
+
+
+def test_the_metrics_page_lists_every_series(client):
+    """docs/deployment.md names each series as a query does (counters with _total, histograms by their
+    base name); every one exported is listed, and every one listed is exported."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
+    exported = {}
+    for f in text_string_to_metric_families(client.get("/metrics").text):
+        if f.name.endswith("_created"):
+            continue
+        exported[f.name] = f.name + "_total" if f.type == "counter" else f.name
+    ours = {q[len("jaxllm:") :] for n, q in exported.items() if n.startswith("jaxllm:")}
+    plain = {q for n, q in exported.items() if ":" not in n}
+    prefixed_doc, plain_doc = _documented_series()
+    assert prefixed_doc == ours
+    assert plain_doc == plain
