@@ -188,11 +188,10 @@ def _iteration_histogram(counts: tuple[int, ...], total: int, model_name: str) -
 
 
 class ServerMetrics:
-    def __init__(self, engine, model_name: str, max_model_len: int | None = None):
+    def __init__(self, engine, model_name: str):
         self.engine = engine
         self.model_name = model_name
-        max_model_len = max_model_len or getattr(engine, "max_model_len", None) or 1 << 17
-        vllm_bounds = vllm_histogram_bounds(max_model_len)
+        vllm_bounds = vllm_histogram_bounds(engine.max_model_len)  # token histograms go up to the context
         self.own = CollectorRegistry(auto_describe=True)  # the jaxllm: series
         self.own.register(_EngineStatsCollector(engine, model_name))
         r, labels = self.own, ["model_name"]

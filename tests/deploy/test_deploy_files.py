@@ -1,11 +1,13 @@
 """deploy/'s files checked without starting a server: Prometheus' own checker and rule unit tests, nginx's
-own syntax check of the rendered template, and the files agreeing with each other and with jaxllm (every
-command line parses with `jaxllm serve`'s parser; ports, paths, service names and variables match).
+own syntax check of the rendered template, docker-compose's own reading of the compose file, and the files
+agreeing with each other and with jaxllm (every command line parses with `jaxllm serve`'s parser; ports,
+paths, service names and variables match).
 The same files run for real in test_nginx_prometheus.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -28,6 +30,8 @@ from tests.deploy.real_services import (
 )
 
 RULES = sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))
+# the compose file's variables (left unset, so their defaults are what is checked)
+COMPOSE_VARIABLES = ("MODEL", "SERVED_MODEL_NAME", "MAX_MODEL_LEN", "HF_TOKEN", "JAXLLM_", "GRAFANA_")
 
 
 def _run(argv: list[str], cwd: Path | None = None) -> str:
@@ -79,24 +83,30 @@ def test_the_template_keeps_the_streaming_directives():
     assert re.search(r"^\s*keepalive \d+;", upstream, re.M) and "least_conn;" in upstream
 
 
-def _interpolated(node):
-    """Compose's ${VAR:-default} interpolation of the parsed file's strings (variables unset: defaults)."""
-    if isinstance(node, dict):
-        return {k: _interpolated(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_interpolated(v) for v in node]
-    if isinstance(node, str):
-        return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: m.group(2) or "", node)
-    return node
-
-
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return _interpolated(yaml.safe_load((DEPLOY / "docker-compose.yml").read_text()))
+    """The compose file as docker-compose itself resolves it (schema checked, ${VAR:-default} filled in with
+    the defaults, the shared x-jaxllm block merged); relative paths become absolute."""
+    binary = need("docker-compose", "docker-compose")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(COMPOSE_VARIABLES)}
+    r = subprocess.run(
+        [binary, "-f", str(DEPLOY / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return yaml.safe_load(r.stdout)
 
 
-def _flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
+def _mounts(service: dict) -> dict[str, Path | str]:
+    """A service's mounts, target -> source (a path for a bind mount, a name for a volume)."""
+    out = {}
+    for v in service["volumes"]:
+        source, target = v.split(":")[:2]
+        out[target] = Path(source) if source.startswith("/") else source
+    return out
 
 
 def test_compose_services_agree_with_each_other_and_with_jaxllm(compose):
@@ -106,53 +116,44 @@ def test_compose_services_agree_with_each_other_and_with_jaxllm(compose):
     gpus = set()
     for name in replicas:
         s = services[name]
-        argv = s["command"]
-        args = parse_args(argv)  # `jaxllm serve`'s own parser: exits on a flag it does not know
-        port = args.server.port
-        assert port == 8000, name
-        assert f"http://127.0.0.1:{port}/health" in " ".join(s["healthcheck"]["test"])
+        args = parse_args(s["command"])  # `jaxllm serve`'s own parser: exits on a flag it does not know
+        assert args.server.port == 8000, name
+        assert f"http://127.0.0.1:{args.server.port}/health" in " ".join(s["healthcheck"]["test"])
         (device,) = s["deploy"]["resources"]["reservations"]["devices"]
         gpus.update(device["device_ids"])
-        # The image's cache folders (its VOLUMEs) on named volumes
-        targets = {v.split(":")[1] for v in s["volumes"]}
-        assert {"/home/jaxllm/.cache/jaxllm", "/home/jaxllm/.cache/huggingface"} <= targets
+        # The image's cache folders (its VOLUMEs) on named volumes, shared by the replicas
+        mounts = _mounts(s)
+        assert mounts["/home/jaxllm/.cache/jaxllm"] in compose["volumes"]
+        assert mounts["/home/jaxllm/.cache/huggingface"] in compose["volumes"]
     assert len(gpus) == len(replicas), "each replica needs a GPU of its own"
 
     nginx = services["nginx"]
     assert sorted(nginx["environment"]) == sorted(TEMPLATE_VARIABLES)
     upstreams = re.findall(r"server (\S+?)(?: |;)", nginx["environment"]["JAXLLM_UPSTREAM_SERVERS"])
     assert upstreams == [f"{name}:8000" for name in replicas]
-    host_port, container_port = nginx["ports"][0].split(":")
-    assert container_port == nginx["environment"]["JAXLLM_LISTEN"]
-    (mount,) = nginx["volumes"]
-    source, target, _ = mount.split(":")
-    assert (DEPLOY / source).resolve() == NGINX_TEMPLATE and re.fullmatch(
-        r"/etc/nginx/templates/\w+\.conf\.template", target
-    )
+    (port,) = nginx["ports"]
+    assert str(port["target"]) == nginx["environment"]["JAXLLM_LISTEN"]
+    ((target, source),) = _mounts(nginx).items()
+    assert source == NGINX_TEMPLATE and re.fullmatch(r"/etc/nginx/templates/\w+\.conf\.template", target)
 
     prom = services["prometheus"]
-    config_dir = [
-        v.split(":")[1]
-        for v in prom["volumes"]
-        if (DEPLOY / v.split(":")[0]).resolve() == PROMETHEUS_CONFIG.parent
-    ]
-    assert config_dir and f"--config.file={config_dir[0]}/prometheus.yml" in prom["command"]
+    (config_dir,) = [t for t, s in _mounts(prom).items() if s == PROMETHEUS_CONFIG.parent]
+    assert f"--config.file={config_dir}/{PROMETHEUS_CONFIG.name}" in prom["command"]
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "jaxllm"]
     assert job["static_configs"][0]["targets"] == upstreams  # every replica scraped directly
 
     grafana = services["grafana"]
-    mounts = {
-        (DEPLOY / v.split(":")[0]).resolve(): v.split(":")[1]
-        for v in grafana["volumes"]
-        if v.startswith("./")
-    }
+    mounts = {s: t for t, s in _mounts(grafana).items()}
     provisioning = DEPLOY / "grafana" / "provisioning"
     assert mounts[provisioning] == "/etc/grafana/provisioning"
     (provider,) = yaml.safe_load((provisioning / "dashboards" / "jaxllm.yml").read_text())["providers"]
     assert mounts[DASHBOARD.parent] == provider["options"]["path"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
     (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
-    assert source["url"] == f"http://prometheus:{prom['ports'][0].split(':')[1]}"
+    (prom_port,) = prom["ports"]
+    assert source["url"] == f"http://prometheus:{prom_port['target']}"
     assert source["jsonData"]["timeInterval"] == config["global"]["scrape_interval"]
 
 
