@@ -9,7 +9,8 @@
     serving_chat.py        /v1/chat/completions      serving_completion.py   /v1/completions
     generation.py          engine requests: context checks, abort on disconnect, merge/collect streams
     streaming.py           SSE framing and per-choice deltas   logprobs.py   OpenAI logprob shapes
-    metrics.py             Prometheus (jaxllm:* names)          auth.py, body.py, errors.py, state.py
+    metrics.py             Prometheus (jaxllm:* names); vllm_metrics.py: their vllm:* twins;
+                           http_metrics.py: requests by route and status   auth.py, body.py, errors.py, state.py
 The server never imports jax: it talks to the engine through the async engine interface and the public
 host types (jaxllm.outputs, jaxllm.sampling_params, jaxllm.stats, jaxllm.config, jaxllm.engine_args).
 """

@@ -31,6 +31,7 @@ from jaxllm.server.auth import APIKeyMiddleware
 from jaxllm.server.body import read_json_object
 from jaxllm.server.errors import APIError, error_body, error_response
 from jaxllm.server.generation import check_model
+from jaxllm.server.http_metrics import HTTPMetricsMiddleware
 from jaxllm.server.http_options import HTTPOptions
 from jaxllm.server.metrics import ServerMetrics, StatsLogger
 from jaxllm.server.openapi import openapi_document
@@ -231,7 +232,11 @@ def build_app(
     ]
     if http.serve_openapi:
         routes.append(Route("/openapi.json", openapi, methods=["GET"]))
-    middleware = [*http.middleware(), Middleware(APIKeyMiddleware, state=state)]
+    middleware = [
+        *http.middleware(),
+        Middleware(HTTPMetricsMiddleware, metrics=state.metrics.http, paths=[r.path for r in routes]),
+        Middleware(APIKeyMiddleware, state=state),
+    ]
     app = Starlette(
         routes=routes,
         middleware=middleware,

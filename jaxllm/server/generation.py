@@ -109,7 +109,7 @@ async def tracked(
     priority: int = 0,
 ) -> AsyncIterator[RequestOutput]:
     """engine.generate, observed for metrics; a consumer that stops early (disconnect, error) aborts it."""
-    tracker = metrics.tracker(params.output_kind)
+    tracker = metrics.tracker(params.output_kind, n=params.n, max_tokens=params.max_tokens)
     finished = False
     gen = engine.generate(prompt, params, request_id, priority=priority)
     try:

@@ -1,13 +1,21 @@
-"""Prometheus metrics with vLLM's names under the `jaxllm:` prefix, in a registry owned by one app.
+"""Prometheus metrics with vLLM's names, under the `jaxllm:` prefix and again under vLLM's `vllm:`.
 
-Three sources feed it:
+Three sources feed one registry of `jaxllm:` series (`ServerMetrics.own`):
 - the engine's start-up figures (`startup_info`): `cache_config_info`, vLLM's info gauge of the KV cache
   (value 1; labels: block size, the pages' dtype, the blocks on the device and the host);
 - the engine's latest `EngineStats` snapshot (immutable, published by the engine thread after each step),
   read at scrape time by `_EngineStatsCollector`: gauges for running, waiting and KV usage; counters for
   the engine's cumulative token/prefix/preemption/step counts; the tokens-per-step histogram;
-- the handlers, through one `RequestTracker` per engine request (TTFT, inter-token latency, end-to-end
-  latency, queue time, request_success by finished_reason), whatever the request's output kind.
+- the handlers, through one `RequestTracker` per engine request, whatever the request's output kind: TTFT
+  and inter-token latency as tokens arrive; when the request finishes, vLLM's per-request histograms
+  (end-to-end, queue, prefill, decode and inference time, time per output token, prompt and generation
+  tokens, the n and max_tokens parameters) and request_success by finished_reason.
+/metrics renders `ServerMetrics.registry`: the `jaxllm:` families, their `vllm:` twins (vllm_metrics.py:
+vLLM's labels and bucket bounds), the HTTP metrics vLLM's server has (http_metrics.py: requests by route
+and status class, latencies) and the process metrics vLLM's default registry carries (process_*,
+python_gc_*, python_info).
+Counting as vLLM's engine does with a parent request of n samples: request_success and
+request_generation_tokens once per sample (choice); the other per-request histograms once per request.
 `StatsLogger.tick()` (called every few seconds by the app) turns counter deltas into the average
 throughput gauges and logs a vLLM-style line.
 """
@@ -17,11 +25,22 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import RequestOutputKind
+from jaxllm.server.http_metrics import HTTPMetrics
+from jaxllm.server.vllm_metrics import VllmTwins, vllm_histogram_bounds, with_vllm_bounds
 from jaxllm.stats import ITERATION_TOKEN_BUCKETS, STEP_HOST_PHASES
 
 logger = logging.getLogger("jaxllm.server")
@@ -172,37 +191,59 @@ class ServerMetrics:
     def __init__(self, engine, model_name: str):
         self.engine = engine
         self.model_name = model_name
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_EngineStatsCollector(engine, model_name))
-        r, labels = self.registry, ["model_name"]
-        self.ttft = Histogram(
-            "jaxllm:time_to_first_token_seconds",
-            "Time to first token in seconds.",
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.itl = Histogram(
-            "jaxllm:inter_token_latency_seconds",
-            "Inter-token latency in seconds.",
-            labels,
-            buckets=_ITL_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.e2e = Histogram(
-            "jaxllm:e2e_request_latency_seconds",
-            "End-to-end request latency in seconds.",
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.queue_time = Histogram(
-            "jaxllm:request_queue_time_seconds",
-            "Time spent waiting in the queue in seconds.",
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ).labels(model_name)
+        vllm_bounds = vllm_histogram_bounds(engine.max_model_len)  # token histograms go up to the context
+        self.own = CollectorRegistry(auto_describe=True)  # the jaxllm: series
+        self.own.register(_EngineStatsCollector(engine, model_name))
+        r, labels = self.own, ["model_name"]
+
+        def histogram(name: str, doc: str, ours: tuple = ()) -> Histogram:
+            buckets = with_vllm_bounds(ours, vllm_bounds[name])
+            return Histogram(f"jaxllm:{name}", doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Time to first token in seconds.", _LATENCY_BUCKETS
+        )
+        self.itl = histogram("inter_token_latency_seconds", "Inter-token latency in seconds.", _ITL_BUCKETS)
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "End-to-end request latency in seconds.", _LATENCY_BUCKETS
+        )
+        self.queue_time = histogram(
+            "request_queue_time_seconds",
+            "Time from the request's arrival to its first step (WAITING phase) in seconds.",
+            _LATENCY_BUCKETS,
+        )
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds",
+            "Time from the request's first step to its first token (PREFILL phase) in seconds.",
+            _LATENCY_BUCKETS,
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds",
+            "Time from the request's first token to its last (DECODE phase) in seconds.",
+            _LATENCY_BUCKETS,
+        )
+        self.inference_time = histogram(
+            "request_inference_time_seconds",
+            "Time from the request's first step to its last token (RUNNING phase) in seconds.",
+            _LATENCY_BUCKETS,
+        )
+        self.time_per_output_token = histogram(
+            "request_time_per_output_token_seconds",
+            "Per request: decode time over the tokens after the first (0 with one token), in seconds.",
+            _ITL_BUCKETS,
+        )
+        self.prompt_tokens = histogram("request_prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = histogram(
+            "request_generation_tokens", "Number of generation tokens processed (per sample)."
+        )
+        self.max_generation_tokens = histogram(
+            "request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens (the longest sample of a request).",
+        )
+        self.params_n = histogram("request_params_n", "Histogram of the n request parameter.")
+        self.params_max_tokens = histogram(
+            "request_params_max_tokens", "Histogram of the max_tokens request parameter."
+        )
         self._success = Counter(
             "jaxllm:request_success",
             "Count of successfully processed requests.",
@@ -221,6 +262,13 @@ class ServerMetrics:
             labels,
             registry=r,
         ).labels(model_name)
+        # What /metrics shows: ours, the vllm: twins, vLLM's HTTP metrics and the process metrics of
+        # vLLM's default registry.
+        self.registry = CollectorRegistry()
+        self.registry.register(VllmTwins(self.own, vllm_bounds))
+        self.http = HTTPMetrics(self.registry)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
 
     def request_finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()
@@ -228,18 +276,35 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def tracker(self, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> RequestTracker:
-        return RequestTracker(self, kind)
+    def tracker(
+        self,
+        kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+        *,
+        n: int = 1,
+        max_tokens: int | None = None,
+    ) -> RequestTracker:
+        """`n`, `max_tokens`: the request's parameters (vLLM's request_params_* histograms)."""
+        return RequestTracker(self, kind, n=n, max_tokens=max_tokens)
 
 
 class RequestTracker:
     """Observes one engine request's outputs as they arrive. Streams (CUMULATIVE or DELTA outputs) are timed
     as their tokens reach the server; a FINAL_ONLY request has one output, so its first-token and
-    inter-token times come from the engine's timestamps in that output's metrics."""
+    inter-token times come from the engine's timestamps in that output's metrics. The phases of a finished
+    request (queue, prefill, decode, inference) come from the engine's timestamps whatever the kind."""
 
-    def __init__(self, metrics: ServerMetrics, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE):
+    def __init__(
+        self,
+        metrics: ServerMetrics,
+        kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+        *,
+        n: int = 1,
+        max_tokens: int | None = None,
+    ):
         self.m = metrics
         self.kind = kind
+        self.n = n
+        self.max_tokens = max_tokens
         self.arrival = time.monotonic()
         self.last_token_time: float | None = None
         self.num_tokens = 0
@@ -251,9 +316,15 @@ class RequestTracker:
             return max((len(o.token_ids) for o in ro.outputs), default=0)
         counts = self._delta_tokens
         for o in ro.outputs:
-            if o.token_ids:
-                counts[o.index] = counts.get(o.index, 0) + len(o.token_ids)
+            counts[o.index] = counts.get(o.index, 0) + len(o.token_ids)
         return max(counts.values(), default=0)
+
+    def _tokens_per_choice(self, final: RequestOutput) -> list[int]:
+        """Each choice's generated tokens, from the request's last output (it lists every choice unless
+        the outputs are deltas, which were summed as they came)."""
+        if self.kind is RequestOutputKind.DELTA:
+            return list(self._delta_tokens.values())
+        return [len(o.token_ids) for o in final.outputs]
 
     def on_output(self, ro: RequestOutput) -> None:
         now = time.monotonic()
@@ -281,6 +352,27 @@ class RequestTracker:
                 self.m.request_finished(o.finish_reason or "stop")
         if ro.finished:
             self.m.e2e.observe(now - self.arrival)
+            self._observe_finished(ro)
+
+    def _observe_finished(self, ro: RequestOutput) -> None:
+        m = self.m
+        per_choice = self._tokens_per_choice(ro)
+        longest = max(per_choice, default=0)
+        m.prompt_tokens.observe(len(ro.prompt_token_ids))
+        for count in per_choice:
+            m.generation_tokens.observe(count)
+        m.max_generation_tokens.observe(longest)
+        m.params_n.observe(self.n)
+        if self.max_tokens:
+            m.params_max_tokens.observe(self.max_tokens)
+        mt = ro.metrics
+        if mt is None or None in (mt.first_scheduled_time, mt.first_token_time, mt.last_token_time):
+            return  # no token came (the engine's times are what the phases are made of)
+        decode = mt.last_token_time - mt.first_token_time
+        m.prefill_time.observe(max(0.0, mt.first_token_time - mt.first_scheduled_time))
+        m.decode_time.observe(decode)
+        m.inference_time.observe(max(0.0, mt.last_token_time - mt.first_scheduled_time))
+        m.time_per_output_token.observe(decode / (longest - 1) if longest > 1 else 0.0)
 
     def _observe_queue_time(self, ro: RequestOutput) -> None:
         mt = ro.metrics
