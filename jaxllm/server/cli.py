@@ -2,7 +2,7 @@
 
     argv --parse_args--> ServeArgs(engine: EngineArgs, server: ServerArgs)   (flags: server/args.py)
          --AsyncLLMEngine.from_engine_args--> engine (loads, resolves, compiles, logs what it runs with)
-         --build_app--> Starlette --uvicorn.run
+         --build_app--> Starlette --uvicorn.Server.run   (the engine failing stops it: exit status 1)
 Flag names and meanings follow vLLM's. With no model the embedded SmolLM2-135M-Instruct is served.
 """
 
@@ -107,6 +107,14 @@ def serve(args: ServeArgs) -> None:
             follow(engine.engine)
             return
         channel = lead(engine.engine)
+    # The engine failing stops uvicorn (once the requests in flight have their error); serve() then exits
+    # non-zero so that a supervisor (Docker's restart policy, Kubernetes) starts a fresh server.
+    http_server: uvicorn.Server | None = None
+
+    def stop_serving() -> None:
+        if http_server is not None:
+            http_server.should_exit = True
+
     app = build_app(
         engine,
         served_model_names=names,
@@ -118,16 +126,25 @@ def serve(args: ServeArgs) -> None:
         enable_auto_tool_choice=server.enable_auto_tool_choice,
         tool_call_parser=server.tool_call_parser,
         reasoning_parser=server.reasoning_parser,
+        on_engine_dead=stop_serving,
     )
     shown_host = server.host if server.host not in (None, "", "0.0.0.0") else "0.0.0.0"
     for line in startup_lines(dict(engine.startup_info), f"http://{shown_host}:{server.port}"):
         logger.info(line)
     logger.info(http_runtime_line(server.gil_switch_interval_ms))
+    config = uvicorn.Config(
+        app, host=server.host or "0.0.0.0", port=server.port, log_level=server.uvicorn_log_level
+    )
+    http_server = uvicorn.Server(config)
     try:
-        uvicorn.run(app, host=server.host or "0.0.0.0", port=server.port, log_level=server.uvicorn_log_level)
+        http_server.run()
     finally:
         if channel is not None:
             channel.stop()  # lets the followers return
+    failure = getattr(engine, "errored", None)
+    if failure is not None:
+        logger.error("exiting with status 1 because the engine failed: %r", failure)
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -215,8 +215,8 @@ def test_startup_lines_leave_the_limits_to_the_engine():
 
 @pytest.fixture
 def serve_with_stand_ins(monkeypatch):
-    """`jaxllm serve` with the engine and uvicorn.run replaced (the real engine plugs in here): what the
-    engine was built with, the GIL switch interval at that moment, and what uvicorn.run was given land in
+    """`jaxllm serve` with the engine and uvicorn.Server.run replaced (the real engine plugs in here): what the
+    engine was built with, the GIL switch interval at that moment, and what uvicorn was configured with land in
     the returned dict. The interpreter's switch interval is put back afterwards."""
     from tests.server.mock_engine import MockAsyncEngine
 
@@ -234,7 +234,11 @@ def serve_with_stand_ins(monkeypatch):
     monkeypatch.setitem(sys.modules, "jaxllm.engine.async_engine", fake)
     import uvicorn
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    def run(server, sockets=None):
+        c = server.config
+        seen.update(app=c.app, host=c.host, port=c.port, log_level=c.log_level)
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     before = sys.getswitchinterval()
     yield seen
     sys.setswitchinterval(before)
@@ -248,7 +252,7 @@ def test_serve_sets_the_gil_switch_interval(serve_with_stand_ins):
 
 
 def test_serve_builds_engine_and_runs_uvicorn(serve_with_stand_ins, caplog):
-    """`jaxllm serve` end to end with the engine and uvicorn.run replaced."""
+    """`jaxllm serve` end to end with the engine and uvicorn.Server.run replaced."""
     seen = serve_with_stand_ins
     argv = ["serve", "--max-model-len", "128", "--port", "9123", "--served-model-name", "x", "--api-key", "k"]
     with caplog.at_level(logging.INFO, logger="jaxllm.server"):
