@@ -1,4 +1,5 @@
-"""Command line: `jaxllm serve [MODEL] [flags]` and `python -m jaxllm.entrypoints.openai.api_server --model M`.
+"""Command line: `jaxllm serve [MODEL] [flags]`, `python -m jaxllm.entrypoints.openai.api_server --model M`,
+and `jaxllm doctor` (jaxllm/doctor/: the environment check, whose summary line serve() also logs).
 
     argv --parse_args--> ServeArgs(engine: EngineArgs, server: ServerArgs)   (flags: server/args.py)
          --AsyncLLMEngine.from_engine_args--> engine (loads, resolves, compiles, logs what it runs with)
@@ -84,6 +85,24 @@ def http_runtime_line(switch_interval_ms: float) -> str:
     return f"HTTP: event loop {loop}, parser {parser}, GIL switch interval {switch_interval_ms:g} ms"
 
 
+def log_environment(compilation_cache_dir: str | None) -> None:
+    """`jaxllm doctor`'s summary in one line, once the engine has started JAX's backend (so the CUDA
+    libraries it loaded can be named), then one line per problem with its fix. Never stops the server."""
+    try:
+        from jaxllm.doctor.checks import SERVER_START_CHECKS, run_checks
+        from jaxllm.doctor.facts import gather_facts
+        from jaxllm.doctor.report import summary_line
+
+        facts = gather_facts(compilation_cache_dir)
+        findings = run_checks(facts, SERVER_START_CHECKS)
+    except Exception:  # noqa: BLE001 - a summary must not keep a working server from starting
+        logger.exception("could not summarize the environment (run `jaxllm doctor`)")
+        return
+    logger.info(summary_line(facts, findings))
+    for f in findings:
+        (logger.error if f.level == "error" else logger.warning)(f.line())
+
+
 def serve(args: ServeArgs) -> None:
     import uvicorn
 
@@ -96,6 +115,7 @@ def serve(args: ServeArgs) -> None:
     logger.info("jaxllm API server; engine arguments given: %s", args.engine.non_default() or "none")
     names = server.served_model_name
     engine = AsyncLLMEngine.from_engine_args(args.engine, served_model_name=names[0] if names else None)
+    log_environment(dict(engine.startup_info).get("compilation_cache"))
     channel = None
     # One mesh over several hosts: process 0 serves, the others follow (a stand-in engine has no .engine).
     dist = getattr(getattr(engine, "engine", None), "distributed", None)
@@ -151,10 +171,16 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: jaxllm serve [MODEL] [flags]   (jaxllm serve --help for the flags)")
+        print("       jaxllm doctor [--json]         (checks the environment: versions, GPU, CUDA libraries)")
         sys.exit(0 if argv else 2)
+    if argv[0] == "doctor":
+        from jaxllm.doctor import main as doctor
+
+        sys.exit(doctor(argv[1:]))
     if argv[0] != "serve":
         print(
-            f"jaxllm: unknown command {argv[0]!r}; the command is `jaxllm serve [MODEL] [flags]`",
+            f"jaxllm: unknown command {argv[0]!r}; the commands are `jaxllm serve [MODEL] [flags]` and "
+            "`jaxllm doctor`",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -5,7 +5,9 @@ loaded (the engine is a stand-in)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
+import platform
 import subprocess
 import sys
 import types
@@ -267,6 +269,20 @@ def test_serve_builds_engine_and_runs_uvicorn(serve_with_stand_ins, caplog):
         and "engine arguments given: {'max_model_len': 128, 'max_logprobs': 7}" in caplog.text
     )
     assert "GIL switch interval 0.05 ms" in caplog.text
+    # `jaxllm doctor`'s summary, once the engine is up: the versions this process runs with.
+    (env_line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Environment: ")]
+    jax_v, jaxlib_v = importlib.metadata.version("jax"), importlib.metadata.version("jaxlib")
+    assert f"Python {platform.python_version()}, jax {jax_v}, jaxlib {jaxlib_v}" in env_line
+    assert env_line.endswith("(`jaxllm doctor` for details)")
+
+
+def test_jaxllm_doctor_is_a_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor", "--help"])
+    assert e.value.code == 0 and "--json" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor", "--no-such-flag"])
+    assert e.value.code == 2
 
 
 def test_http_runtime_line_names_what_uvicorn_picks(monkeypatch):
