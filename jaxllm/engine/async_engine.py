@@ -66,7 +66,8 @@ class AsyncLLMEngine:
         # it starts), read by the event loop.
         self._stats: EngineStats = self._snapshot()
         self.errored: BaseException | None = None  # set by the engine thread when a step raised
-        self._failed = asyncio.Event()  # set on the event loop once every stream has been failed
+        # Set on the event loop once every stream has been failed; made by start(), on the loop it serves.
+        self._failed: asyncio.Event | None = None
 
     @classmethod
     def from_engine_args(
@@ -78,6 +79,7 @@ class AsyncLLMEngine:
     async def start(self) -> None:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
+            self._failed = asyncio.Event()
             self._halt = False
             self._thread = threading.Thread(target=self._run, name="jaxllm-engine", daemon=True)
             self._thread.start()
@@ -106,7 +108,9 @@ class AsyncLLMEngine:
 
     async def wait_until_failed(self) -> BaseException:
         """Returns the exception that ended the engine loop, once every stream in flight has been given
-        its EngineDeadError; never returns while the engine is healthy."""
+        its EngineDeadError; never returns while the engine is healthy. Call it after start()."""
+        if self._failed is None:
+            raise RuntimeError("wait_until_failed() before start()")
         await self._failed.wait()
         assert self.errored is not None
         return self.errored

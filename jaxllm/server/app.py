@@ -216,7 +216,7 @@ def build_app(
                 on_engine_dead()
 
         tasks = [asyncio.ensure_future(log_stats_lines())] if log_stats else []
-        if hasattr(engine, "wait_until_failed"):
+        if manage_engine and hasattr(engine, "wait_until_failed"):  # an engine this app started
             tasks.append(asyncio.ensure_future(watch_engine()))
         state.start_time = time.time()
         try:
