@@ -36,6 +36,15 @@ def distributed_client():
     return global_state.client
 
 
+def jax_backend_errors() -> dict[str, str]:
+    """Why each backend JAX tried without being told to (JAX_PLATFORMS unset) failed to start, once its
+    backends have started (`jax._src.xla_bridge._backend_errors`, platform -> message): where a CUDA plugin
+    that did not start says why. Empty when JAX no longer keeps it."""
+    from jax._src import xla_bridge
+
+    return dict(getattr(xla_bridge, "_backend_errors", None) or {})
+
+
 def flax_interceptors_active() -> bool:
     """Whether an `nn.intercept_methods` context is open (flax keeps a thread-local
     `_global_interceptor_stack` in flax.linen.module)."""

@@ -389,10 +389,7 @@ class EngineArgs:
             self.enforce_eager
         )
         keep_executables = usage == "server" if self.executable_cache is None else self.executable_cache
-        if self.compilation_cache_dir is None:
-            cache_dir = os.environ.get("JAXLLM_CACHE_DIR") or os.path.expanduser("~/.cache/jaxllm/xla")
-        else:
-            cache_dir = self.compilation_cache_dir or None  # "": off
+        cache_dir = resolve_compilation_cache_dir(self.compilation_cache_dir)
         return EngineConfig(
             model=model or self.model_spec(),
             cache=CacheConfig(
@@ -435,6 +432,14 @@ class EngineArgs:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != f.default
         }
+
+
+def resolve_compilation_cache_dir(flag: str | None) -> str | None:
+    """Where JAX's persistent compilation cache lives: --compilation-cache-dir, else $JAXLLM_CACHE_DIR, else
+    ~/.cache/jaxllm/xla; None when the flag is "" (off). `jaxllm doctor` reports the same folder."""
+    if flag is None:
+        return os.environ.get("JAXLLM_CACHE_DIR") or os.path.expanduser("~/.cache/jaxllm/xla")
+    return flag or None
 
 
 def engine_args_from_kwargs(caller: str, model: str | None, kwargs: dict[str, Any]) -> EngineArgs:

@@ -259,6 +259,24 @@ def test_distributed_client_is_the_coordinators_key_value_store():
     assert res.stdout.strip() == "step 7"
 
 
+def test_jax_backend_errors_say_why_a_backend_did_not_start():
+    """With JAX_PLATFORMS unset, JAX tries every backend it knows and keeps why one failed: here the TPU's,
+    whose library this machine lacks (on a GPU machine, a CUDA plugin that did not start is told the same
+    way; jaxllm doctor quotes it)."""
+    res = run_python("""
+        import json, os
+        os.environ.pop("JAX_PLATFORMS", None)
+        import jax
+        from jaxllm.compat import jax_backend_errors
+        assert jax_backend_errors() == {}  # nothing tried yet
+        jax.devices()
+        print(json.dumps(jax_backend_errors()))
+        """)
+    assert res.returncode == 0, res.stderr
+    errors = json.loads(res.stdout)
+    assert "libtpu" in errors["tpu"], errors
+
+
 def test_flax_interceptors_active_only_inside_intercept_methods():
     import flax.linen as nn
 

@@ -18,6 +18,10 @@ it reads no state a step changes). The loop gets RequestOutputs the engine no lo
 the engine's counters only through the latest published `EngineStats` snapshot (replacing one reference
 is atomic), never the scheduler's lists. A stream that is closed before its request finishes (a client
 disconnect) aborts the request and frees its blocks.
+
+A step that raises ends the thread: `errored` holds the exception, every stream in flight raises
+EngineDeadError, later `generate()` calls raise RuntimeError, and `wait_until_failed()` returns (the server
+then answers 503 on /health and exits so that a supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import AsyncIterator
 
 from jaxllm.engine.llm_engine import LLMEngine
 from jaxllm.engine_args import EngineArgs
+from jaxllm.engine_errors import EngineDeadError
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats, IterationTokens
@@ -60,7 +65,9 @@ class AsyncLLMEngine:
         # The latest snapshot of the engine's counters: written only by the engine thread (and here, before
         # it starts), read by the event loop.
         self._stats: EngineStats = self._snapshot()
-        self.errored: BaseException | None = None
+        self.errored: BaseException | None = None  # set by the engine thread when a step raised
+        # Set on the event loop once every stream has been failed; made by start(), on the loop it serves.
+        self._failed: asyncio.Event | None = None
 
     @classmethod
     def from_engine_args(
@@ -72,6 +79,7 @@ class AsyncLLMEngine:
     async def start(self) -> None:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
+            self._failed = asyncio.Event()
             self._halt = False
             self._thread = threading.Thread(target=self._run, name="jaxllm-engine", daemon=True)
             self._thread.start()
@@ -97,6 +105,15 @@ class AsyncLLMEngine:
         """The engine thread is stepping: started, not stopped, and not failed (a failed thread may take a
         moment to end after it has failed every stream)."""
         return self._thread is not None and self._thread.is_alive() and self.errored is None
+
+    async def wait_until_failed(self) -> BaseException:
+        """Returns the exception that ended the engine loop, once every stream in flight has been given
+        its EngineDeadError; never returns while the engine is healthy. Call it after start()."""
+        if self._failed is None:
+            raise RuntimeError("wait_until_failed() before start()")
+        await self._failed.wait()
+        assert self.errored is not None
+        return self.errored
 
     # ---- requests ------------------------------------------------------------------------------------
     def generate(
@@ -224,5 +241,6 @@ class AsyncLLMEngine:
 
     def _fail_all(self, e: BaseException) -> None:
         for q in self._queues.values():
-            q.put_nowait(RuntimeError(f"engine failure: {e!r}"))
+            q.put_nowait(EngineDeadError(f"engine failure: {e!r}"))
         self._queues.clear()
+        self._failed.set()

@@ -1,7 +1,8 @@
 """The Starlette app: routes -> handlers, with OpenAI-shaped errors and the engine's lifetime.
 
     build_app(engine, ...) -> Starlette
-      lifespan: engine.start(), a periodic stats log line; on exit engine.shutdown() (drains requests)
+      lifespan: engine.start(), a periodic stats log line; on exit engine.shutdown() (drains requests);
+        once the engine has failed, `on_engine_dead()` (the CLI stops uvicorn and exits non-zero)
       POST /v1/chat/completions, /v1/completions -> serving_chat / serving_completion
       GET /v1/models, /health, /version, /metrics, /openapi.json (from the request models);
       POST /tokenize, /detokenize
@@ -10,6 +11,8 @@ The generation routes fill the fields a request leaves out from the model's samp
 (--generation-config; protocol.with_sampling_defaults) before parsing it; a value the client sends wins.
 Every handler runs inside `_guard`: an APIError (or a client ValueError) answers that request alone; an
 unexpected exception is logged and answered with a 500 without touching other requests.
+After an engine failure /health answers 503, requests in flight get a 500 (or an SSE error event) and new
+generation requests a 503, as vLLM's server does on EngineDeadError.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -95,6 +99,9 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    failure = getattr(_state(request).engine, "errored", None)
+    if failure is not None:  # a supervisor's probe (or a load balancer) takes this replica out
+        return JSONResponse(error_body(f"the engine has failed: {failure!r}", 503), status_code=503)
     return Response(status_code=200)
 
 
@@ -161,13 +168,16 @@ def build_app(
     reasoning_parser: str | None = None,
     http: HTTPOptions | None = None,
     request_logger: RequestLogger | None = None,
+    on_engine_dead: Callable[[], None] | None = None,
 ) -> Starlette:
     """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
     line of throughput and KV cache use every `stats_interval_s` while busy (--disable-log-stats: off);
     `max_logprobs`: the engine's --max-logprobs, which requests are checked against. The next three are the
     flags of the same names (tool calling and reasoning in chat responses). `http`: CORS, request-id
     headers, root path, /openapi.json (http_options.py; default: vLLM's); `request_logger`: a log line per
-    generation request (--enable-log-requests; None: none)."""
+    generation request (--enable-log-requests; None: none). `on_engine_dead`: called once the engine has
+    failed and every request in flight has been given its error (the CLI passes one that stops uvicorn,
+    which lets those responses finish, so that the process exits non-zero)."""
     http = http or HTTPOptions()
     if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
         raise ValueError(f"tool_call_parser={tool_call_parser!r} must be one of {sorted(TOOL_PARSERS)}")
@@ -208,13 +218,26 @@ def build_app(
                 except Exception:
                     logger.exception("stats logging failed")
 
-        task = asyncio.ensure_future(log_stats_lines()) if log_stats else None
+        async def watch_engine():
+            failure = await engine.wait_until_failed()
+            logger.error(
+                "the engine has failed (%r): /health answers 503 and new requests are refused%s",
+                failure,
+                "; the server stops once the requests in flight have their error" if on_engine_dead else "",
+            )
+            if on_engine_dead is not None:
+                on_engine_dead()
+
+        tasks = [asyncio.ensure_future(log_stats_lines())] if log_stats else []
+        if manage_engine and hasattr(engine, "wait_until_failed"):  # an engine this app started
+            tasks.append(asyncio.ensure_future(watch_engine()))
         state.start_time = time.time()
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
+            for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             if manage_engine:

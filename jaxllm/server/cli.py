@@ -1,9 +1,10 @@
-"""Command line: `jaxllm serve [MODEL] [flags]` and `python -m jaxllm.entrypoints.openai.api_server --model M`.
+"""Command line: `jaxllm serve [MODEL] [flags]`, `python -m jaxllm.entrypoints.openai.api_server --model M`,
+and `jaxllm doctor` (jaxllm/doctor/: the environment check, whose summary line serve() also logs).
 
     argv --parse_args--> ServeArgs(engine: EngineArgs, server: ServerArgs)   (flags: server/args.py;
          --config FILE.yaml and --flag_name spellings: server/config_file.py)
          --AsyncLLMEngine.from_engine_args--> engine (loads, resolves, compiles, logs what it runs with)
-         --build_app--> Starlette --uvicorn.run
+         --build_app--> Starlette --uvicorn.Server.run   (the engine failing stops it: exit status 1)
 Flag names and meanings follow vLLM's. With no model the embedded SmolLM2-135M-Instruct is served.
 """
 
@@ -88,6 +89,24 @@ def http_runtime_line(switch_interval_ms: float) -> str:
     return f"HTTP: event loop {loop}, parser {parser}, GIL switch interval {switch_interval_ms:g} ms"
 
 
+def log_environment(compilation_cache_dir: str | None) -> None:
+    """`jaxllm doctor`'s summary in one line, once the engine has started JAX's backend (so the CUDA
+    libraries it loaded can be named), then one line per problem with its fix. Never stops the server."""
+    try:
+        from jaxllm.doctor.checks import SERVER_START_CHECKS, run_checks
+        from jaxllm.doctor.facts import gather_facts
+        from jaxllm.doctor.report import summary_line
+
+        facts = gather_facts(compilation_cache_dir)
+        findings = run_checks(facts, SERVER_START_CHECKS)
+    except Exception:  # noqa: BLE001 - a summary must not keep a working server from starting
+        logger.exception("could not summarize the environment (run `jaxllm doctor`)")
+        return
+    logger.info(summary_line(facts, findings))
+    for f in findings:
+        (logger.error if f.level == "error" else logger.warning)(f.line())
+
+
 def serve(args: ServeArgs) -> None:
     import uvicorn
 
@@ -106,6 +125,7 @@ def serve(args: ServeArgs) -> None:
     except ModelNotFoundError as e:  # the user's model path or id: one line, not a traceback
         logger.error("%s", e)
         sys.exit(1)
+    log_environment(dict(engine.startup_info).get("compilation_cache"))
     channel = None
     # One mesh over several hosts: process 0 serves, the others follow (a stand-in engine has no .engine).
     dist = getattr(getattr(engine, "engine", None), "distributed", None)
@@ -117,6 +137,14 @@ def serve(args: ServeArgs) -> None:
             follow(engine.engine)
             return
         channel = lead(engine.engine)
+    # The engine failing stops uvicorn (once the requests in flight have their error); serve() then exits
+    # non-zero so that a supervisor (Docker's restart policy, Kubernetes) starts a fresh server.
+    http_server: uvicorn.Server | None = None
+
+    def stop_serving() -> None:
+        if http_server is not None:
+            http_server.should_exit = True
+
     app = build_app(
         engine,
         served_model_names=names,
@@ -130,34 +158,47 @@ def serve(args: ServeArgs) -> None:
         reasoning_parser=server.reasoning_parser,
         http=server.http_options(),
         request_logger=server.request_logger(),
+        on_engine_dead=stop_serving,
     )
     shown_host = server.host if server.host not in (None, "", "0.0.0.0") else "0.0.0.0"
     for line in startup_lines(dict(engine.startup_info), f"http://{shown_host}:{server.port}"):
         logger.info(line)
     logger.info(http_runtime_line(server.gil_switch_interval_ms))
+    config = uvicorn.Config(
+        app,
+        host=server.host or "0.0.0.0",
+        port=server.port,
+        log_level=server.uvicorn_log_level,
+        access_log=not server.disable_uvicorn_access_log,
+        ssl_keyfile=server.ssl_keyfile,
+        ssl_certfile=server.ssl_certfile,
+    )
+    http_server = uvicorn.Server(config)
     try:
-        uvicorn.run(
-            app,
-            host=server.host or "0.0.0.0",
-            port=server.port,
-            log_level=server.uvicorn_log_level,
-            access_log=not server.disable_uvicorn_access_log,
-            ssl_keyfile=server.ssl_keyfile,
-            ssl_certfile=server.ssl_certfile,
-        )
+        http_server.run()
     finally:
         if channel is not None:
             channel.stop()  # lets the followers return
+    failure = getattr(engine, "errored", None)
+    if failure is not None:
+        logger.error("exiting with status 1 because the engine failed: %r", failure)
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: jaxllm serve [MODEL] [flags]   (jaxllm serve --help for the flags)")
+        print("       jaxllm doctor [--json]         (checks the environment: versions, GPU, CUDA libraries)")
         sys.exit(0 if argv else 2)
+    if argv[0] == "doctor":
+        from jaxllm.doctor import main as doctor
+
+        sys.exit(doctor(argv[1:]))
     if argv[0] != "serve":
         print(
-            f"jaxllm: unknown command {argv[0]!r}; the command is `jaxllm serve [MODEL] [flags]`",
+            f"jaxllm: unknown command {argv[0]!r}; the commands are `jaxllm serve [MODEL] [flags]` and "
+            "`jaxllm doctor`",
             file=sys.stderr,
         )
         sys.exit(2)

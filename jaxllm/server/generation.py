@@ -6,6 +6,8 @@ engine.generate(...) --tracked--> RequestOutputs observed by a RequestTracker; l
 several prompts --start_all--> primed streams (an engine ValueError becomes a 400 before any byte
     is sent) --merge--> (prompt index, RequestOutput) as produced, or --collect--> final outputs,
     polling `request.is_disconnected()` so a client that leaves has its requests aborted.
+The engine failing mid-request (EngineDeadError) is a server fault: a 500, or an error event in a stream
+that has started; a request that arrives after the failure is refused with a 503.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from jaxllm.engine_errors import EngineDeadError
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import RequestOutputKind, SamplingParams
 from jaxllm.server.errors import APIError, from_value_error
@@ -117,6 +120,8 @@ async def tracked(
             tracker.on_output(ro)
             finished = ro.finished
             yield ro
+    except EngineDeadError as e:  # a server fault: 500, not the 503 of a request refused after it
+        raise APIError(f"the engine failed while serving this request: {e}", status=500) from e
     finally:
         if not finished:
             await shielded(engine.abort(request_id))
@@ -139,7 +144,7 @@ def _engine_error(e: BaseException) -> BaseException:
         return e
     if isinstance(e, ValueError):
         return from_value_error(e)
-    if isinstance(e, RuntimeError):  # the engine is shutting down or its loop failed
+    if isinstance(e, RuntimeError):  # the engine is shutting down or its loop failed before this request
         return APIError(f"the engine cannot take requests: {e}", status=503)
     if isinstance(e, StopAsyncIteration):
         return APIError("the engine returned no output", status=500)

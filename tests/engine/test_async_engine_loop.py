@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from jaxllm.engine.async_engine import AsyncLLMEngine
+from jaxllm.engine_errors import EngineDeadError
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats
 
@@ -96,10 +97,17 @@ def test_a_failed_step_fails_every_stream_and_later_requests():
         engine = AsyncLLMEngine(FailingEngine())
         await engine.start()
         try:
-            with pytest.raises(RuntimeError, match="engine failure: RuntimeError\\('device lost'\\)"):
+            waiter = asyncio.ensure_future(engine.wait_until_failed())
+            await asyncio.sleep(0.05)
+            assert not waiter.done()  # a healthy (idle) engine never reports a failure
+            with pytest.raises(EngineDeadError, match="engine failure: RuntimeError\\('device lost'\\)"):
                 await _collect(engine, "r0")
-            with pytest.raises(RuntimeError, match="the engine loop failed"):
+            failure = await asyncio.wait_for(waiter, timeout=5)
+            assert isinstance(failure, RuntimeError) and str(failure) == "device lost"
+            assert engine.errored is failure
+            with pytest.raises(RuntimeError, match="the engine loop failed") as refused:
                 engine.generate([1], SamplingParams(max_tokens=2), "r1")
+            assert not isinstance(refused.value, EngineDeadError)  # refused (503), not failed in flight (500)
             assert not engine.is_running
         finally:
             await engine.shutdown(drain_timeout_s=1)

@@ -5,7 +5,9 @@ loaded (the engine is a stand-in)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
+import platform
 import subprocess
 import sys
 import types
@@ -239,8 +241,8 @@ def test_startup_lines_leave_the_limits_to_the_engine():
 
 @pytest.fixture
 def serve_with_stand_ins(monkeypatch):
-    """`jaxllm serve` with the engine and uvicorn.run replaced (the real engine plugs in here): what the
-    engine was built with, the GIL switch interval at that moment, and what uvicorn.run was given land in
+    """`jaxllm serve` with the engine and uvicorn.Server.run replaced (the real engine plugs in here): what the
+    engine was built with, the GIL switch interval at that moment, and what uvicorn was configured with land in
     the returned dict. The interpreter's switch interval is put back afterwards."""
     from tests.server.mock_engine import MockAsyncEngine
 
@@ -258,7 +260,11 @@ def serve_with_stand_ins(monkeypatch):
     monkeypatch.setitem(sys.modules, "jaxllm.engine.async_engine", fake)
     import uvicorn
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    def run(server, sockets=None):
+        c = server.config
+        seen.update(app=c.app, host=c.host, port=c.port, log_level=c.log_level)
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     before = sys.getswitchinterval()
     yield seen
     sys.setswitchinterval(before)
@@ -272,7 +278,7 @@ def test_serve_sets_the_gil_switch_interval(serve_with_stand_ins):
 
 
 def test_serve_builds_engine_and_runs_uvicorn(serve_with_stand_ins, caplog):
-    """`jaxllm serve` end to end with the engine and uvicorn.run replaced."""
+    """`jaxllm serve` end to end with the engine and uvicorn.Server.run replaced."""
     seen = serve_with_stand_ins
     argv = ["serve", "--max-model-len", "128", "--port", "9123", "--served-model-name", "x", "--api-key", "k"]
     with caplog.at_level(logging.INFO, logger="jaxllm.server"):
@@ -287,6 +293,20 @@ def test_serve_builds_engine_and_runs_uvicorn(serve_with_stand_ins, caplog):
         and "engine arguments given: {'max_model_len': 128, 'max_logprobs': 7}" in caplog.text
     )
     assert "GIL switch interval 0.05 ms" in caplog.text
+    # `jaxllm doctor`'s summary, once the engine is up: the versions this process runs with.
+    (env_line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Environment: ")]
+    jax_v, jaxlib_v = importlib.metadata.version("jax"), importlib.metadata.version("jaxlib")
+    assert f"Python {platform.python_version()}, jax {jax_v}, jaxlib {jaxlib_v}" in env_line
+    assert env_line.endswith("(`jaxllm doctor` for details)")
+
+
+def test_jaxllm_doctor_is_a_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor", "--help"])
+    assert e.value.code == 0 and "--json" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor", "--no-such-flag"])
+    assert e.value.code == 2
 
 
 def test_http_runtime_line_names_what_uvicorn_picks(monkeypatch):
