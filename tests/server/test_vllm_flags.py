@@ -216,7 +216,8 @@ def test_vllm_api_key_guards_the_served_app(serve, monkeypatch):
 
 @pytest.fixture
 def serve(monkeypatch):
-    """`jaxllm serve ARGV` with the mock engine and uvicorn.run replaced: returns what uvicorn.run got."""
+    """`jaxllm serve ARGV` with the mock engine and uvicorn.Server.run replaced: returns what uvicorn was
+    configured with."""
     import sys
     import types
 
@@ -226,7 +227,13 @@ def serve(monkeypatch):
     fake.AsyncLLMEngine = MockAsyncEngine
     monkeypatch.setitem(sys.modules, "jaxllm.engine.async_engine", fake)
     seen: dict = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    def run(server, sockets=None):
+        c = server.config
+        seen.update(
+            app=c.app, access_log=c.access_log, ssl_keyfile=c.ssl_keyfile, ssl_certfile=c.ssl_certfile
+        )
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     before = sys.getswitchinterval()
 
     def run(argv: list[str]) -> dict:
