@@ -80,3 +80,9 @@ def rust_decoder(tokenizer):
 def _decode_owner(cls: type) -> type | None:
     """The class in `cls`'s MRO whose `_decode` `cls` uses."""
     return next((c for c in cls.__mro__ if "_decode" in vars(c)), None)
+
+
+def argparse_option_actions(parser) -> dict:
+    """{"--flag": argparse.Action} for every option string of `parser` (argparse keeps this table in a
+    private attribute and has no public accessor; a config file's keys are checked against it)."""
+    return dict(parser._option_string_actions)

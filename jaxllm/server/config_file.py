@@ -24,6 +24,8 @@ import argparse
 import json
 import re
 
+from jaxllm.compat import argparse_option_actions
+
 _FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
@@ -73,7 +75,7 @@ def config_file_flags(path: str, parser: argparse.ArgumentParser, drop_model: bo
         parser.error(
             f"--config {path}: must be a mapping of flag names to values, got {type(values).__name__}"
         )
-    actions = parser._option_string_actions  # noqa: SLF001 - argparse's own table of option strings
+    actions = argparse_option_actions(parser)
     flags: list[str] = []
     for key, value in values.items():
         flag = "--" + str(key).lstrip("-").replace("_", "-")

@@ -114,7 +114,8 @@ def _renamed(family: Metric, base: str, new_base: str, keep: frozenset[float] | 
         if keep is not None and le is not None and le != "+Inf" and float(le) not in keep:
             continue
         suffix = s.name[len(old_name) :]  # "", "_total", "_bucket", "_count", "_sum", "_created"
+        # Sample is a NamedTuple (name, labels, value, timestamp, exemplar, ...): the rest carried over
         twin.samples.append(
-            s._replace(name=VLLM_PREFIX + new_base + suffix, labels={**s.labels, "engine": ENGINE_INDEX})
+            type(s)(VLLM_PREFIX + new_base + suffix, {**s.labels, "engine": ENGINE_INDEX}, *s[2:])
         )
     return twin
