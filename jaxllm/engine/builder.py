@@ -91,7 +91,7 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
         platform, source.arch.max_position_embeddings, usage, generation, model=spec
     )
     cache_dir = enable_compilation_cache(config.runner.compilation_cache_dir)
-    tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, config.model)
+    tp = plan_tensor_parallel(config.parallel.tensor_parallel_size, source.arch)
     loaded = load_weights(source, config.runner.attention_backend, tp.sharding_fn)
 
     runner = _build_runner(config, loaded, tp, cache_dir)

@@ -5,8 +5,10 @@ Without a scheme it is `nn.Dense` (the same "kernel"/"bias" params and numerics)
 the scheme's leaves (jaxllm/quantization/scheme.py) and computes:
 
   W8A8 (fp8 | int8)   x -> per-token scale s_x = max|x| / qmax (or the static input_scale) -> x_q ->
-                      dot(x_q, qweight) accumulated in f32 (fp8: cuBLASLt's FP8 GEMM on Hopper; int8: an
-                      int32 GEMM) -> * s_x[:, None] * weight_scale[None, :]
+                      x_q [T, K] . qweight [N, K], contracting the last axis of both, accumulated in f32
+                      (fp8: cuBLASLt's FP8 GEMM on Hopper; int8: an int32 GEMM) ->
+                      * s_x[:, None] * weight_scale[None, :]. The FP8 GEMM takes both operands with K
+                      contiguous; a [K, N] weight would cost a transpose of the whole weight per call.
   W8A16               per-channel: dot(x, qweight as x.dtype) * scales (the scale after the GEMM, which
                       XLA fuses with the convert); grouped: dequantize, then dot
   W4A16               the Pallas GEMM (jaxllm/kernels/w4a16_matmul.py) for small batches on the GPU, which
@@ -32,11 +34,11 @@ INT8_MAX = 127.0
 def dequantize(params: dict, scheme: QuantScheme, dtype) -> jax.Array:
     """The float weight [K, N] a layer's quantized leaves stand for (rows in perm order with act_order)."""
     q = params["qweight"]
+    if not scheme.weight_only:  # qweight [N, K]
+        return (q.T.astype(jnp.float32) * params["weight_scale"][None, :]).astype(dtype)
     if scheme.weights == "int4":
         q = unpack_int4(q)
     k, n = q.shape
-    if not scheme.weight_only:
-        return (q.astype(jnp.float32) * params["weight_scale"][None, :]).astype(dtype)
     scales = params["scales"].astype(dtype)
     g = k // scales.shape[0]
     w = q.astype(dtype).reshape(k // g, g, n)
@@ -67,7 +69,10 @@ def quantized_matmul(x: jax.Array, params: dict, scheme: QuantScheme, use_kernel
     if not scheme.weight_only:
         xq, sx = quantize_activations(x, scheme.activations, params.get("input_scale"))
         acc_type = jnp.int32 if scheme.activations == "int8" else jnp.float32
-        acc = jnp.dot(xq, params["qweight"], preferred_element_type=acc_type).astype(jnp.float32)
+        # xq [T, K] . qweight [N, K] -> [T, N]: both operands K-contiguous, as cuBLASLt's FP8 GEMM takes them
+        acc = jax.lax.dot_general(
+            xq, params["qweight"], (((xq.ndim - 1,), (1,)), ((), ())), preferred_element_type=acc_type
+        ).astype(jnp.float32)
         return (acc * sx * params["weight_scale"][None, :]).astype(dtype)
     if scheme.weights == "int4" and use_kernel and w4a16_kernel_fits(params):
         from jaxllm.kernels.w4a16_matmul import w4a16_matmul

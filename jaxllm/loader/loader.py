@@ -77,8 +77,7 @@ def resolve_dtype(requested: str, checkpoint_dtype: str) -> jnp.dtype:
 
 
 def source_kind(spec: ModelSpec) -> tuple[str, str]:
-    """(kind, path): kind in gguf / hf / dummy. Public: jaxllm.parallel peeks at the architecture of the
-    same source before the model loads (parallel/arch_peek.py), so both resolve it alike."""
+    """(kind, path): kind in gguf / hf / dummy."""
     model = spec.model if spec.model is not None else embedded_model_path()
     if spec.load_format == "dummy":
         if model in PRESETS:
@@ -257,6 +256,7 @@ def params_layout(tp_size: int, quantization: str | None = None, kind: str = "hf
     layout = f"fused-qkv-gate-up/tp{tp_size}"
     if kind == "gguf":
         return f"{layout}/gguf-int4-int8"
+    layout += "/w8a8-nk"  # a W8A8 qweight is [N, K] (quantization/scheme.py); caches of [K, N] ones don't fit
     return layout if quantization is None else f"{layout}/q-{quantization}"
 
 

@@ -8,8 +8,9 @@ Parts of a fused projection (the checkpoint's q/k/v or gate/up, models/fused_pro
 until the layer's last part arrives, then fused into the model's one weight and placed like any other.
 A quantized layer's leaves (jaxllm/quantization/scheme.py) fuse the same way along N, except the two that
 describe the shared input: `perm` (the parts must agree) and a static `input_scale` (the largest wins, as
-in vLLM). A float `kernel` arriving for a layer the model holds quantized is quantized here, when the
-scheme says the checkpoint is to be quantized at load (`--quantization fp8`).
+in vLLM). N is the last axis of every leaf but a W8A8 `qweight`, held [N, K] (`_out_axis`). A float
+`kernel` arriving for a layer the model holds quantized is quantized here, when the scheme says the
+checkpoint is to be quantized at load (`--quantization fp8`).
 """
 
 from __future__ import annotations
@@ -101,13 +102,25 @@ class ParamsBuilder:
         want = self.expected[path]
         part = group.parts[i]
         shared = leaf in _INPUT_LEAVES
-        shape = tuple(want.shape) if shared else (*want.shape[:-1], part.heads * part.head_width)
+        axis = self._out_axis(path)
+        shape = list(want.shape)
+        if not shared:
+            shape[axis] = part.heads * part.head_width
         held = self._held.setdefault(path, {})
-        held[i] = self._checked(x, shape, want.dtype, transpose, name)
+        held[i] = self._checked(x, tuple(shape), want.dtype, transpose, name)
         if len(held) == len(group.parts):
             del self._held[path]
             parts = [held[j] for j in range(len(group.parts))]
-            self._place(path, self._input_leaf(path, leaf, parts) if shared else fuse_columns(group, parts))
+            fused = self._input_leaf(path, leaf, parts) if shared else fuse_columns(group, parts, axis)
+            self._place(path, fused)
+
+    def _out_axis(self, path: str) -> int:
+        """The axis of a leaf that holds the layer's outputs N: the last one, but 0 for a W8A8 qweight
+        [N, K] (scheme.py: the FP8 GEMM takes K contiguous). A layer is W8A8 when it has a weight_scale.
+        The checkpoint formats and the quantizers hand W8A8 qweights over [N, K] already."""
+        if path.endswith("/qweight") and path.removesuffix("qweight") + "weight_scale" in self.expected:
+            return 0
+        return -1
 
     def _input_leaf(self, path: str, leaf: str, parts: list) -> Any:
         if leaf == "input_scale":

@@ -8,11 +8,12 @@ Layout of a fused weight's output columns, for N tensor-parallel shards (N = 1 w
 
     [ part_0 of shard 0 | part_1 of shard 0 | ... | part_0 of shard 1 | part_1 of shard 1 | ... ]
 
-so the column-parallel split P(None, "tp") hands every device its own slice of every part. A part whose
-heads are fewer than the shards (K/V heads when N > Hkv) has each head repeated N / Hkv times first: the
-fused weight then has one K/V "slot" per device, the head that device's query heads read, and the KV
-cache has the same N slots (jaxllm/parallel/sharding.py). `fuse_columns` builds the weight from the
-checkpoint's separate parts (the loader); `split_columns` cuts the product back into parts (the model).
+so the column-parallel split P(None, "tp") (P("tp", None) of a weight held [out, in]) hands every device
+its own slice of every part. A part whose heads are fewer than the shards (K/V heads when N > Hkv) has
+each head repeated N / Hkv times first: the fused weight then has one K/V "slot" per device, the head
+that device's query heads read, and the KV cache has the same N slots (jaxllm/parallel/sharding.py).
+`fuse_columns` builds the weight from the checkpoint's separate parts (the loader); `split_columns` cuts
+the product back into parts (the model).
 """
 
 from __future__ import annotations
@@ -59,21 +60,23 @@ class FusedGroup:
         return sum(self.part_widths())
 
 
-def fuse_columns(group: FusedGroup, parts: list) -> jnp.ndarray:
+def fuse_columns(group: FusedGroup, parts: list, axis: int = -1) -> jnp.ndarray:
     """The fused weight ([in, width]) or bias ([width]) from the parts' arrays ([in, heads * head_width] or
-    [heads * head_width]) in checkpoint order; numpy or jax arrays (the result is a jax array)."""
+    [heads * head_width]) in checkpoint order; numpy or jax arrays (the result is a jax array). `axis` is
+    the parts' output axis: 0 for a weight held [out, in] (a W8A8 qweight: jaxllm/quantization/scheme.py)."""
     n = group.shards
     pieces = []
     for part, x in zip(group.parts, parts, strict=True):
         x = jnp.asarray(x)
-        lead = x.shape[:-1]
-        x = x.reshape(*lead, part.heads, part.head_width)
+        a = axis % x.ndim
+        lead, trail = x.shape[:a], x.shape[a + 1 :]
+        x = x.reshape(*lead, part.heads, part.head_width, *trail)
         slots = part.slots(n)
         if slots > part.heads:  # slot s holds head s // (slots / heads)
-            x = jnp.repeat(x, slots // part.heads, axis=-2)
-        pieces.append(x.reshape(*lead, n, slots // n * part.head_width))
-    fused = jnp.concatenate(pieces, axis=-1)  # [..., N, per-shard width]
-    return fused.reshape(*fused.shape[:-2], group.width)
+            x = jnp.repeat(x, slots // part.heads, axis=a)
+        pieces.append(x.reshape(*lead, n, slots // n * part.head_width, *trail))
+    fused = jnp.concatenate(pieces, axis=a + 1)  # [..., N, per-shard width, ...]
+    return fused.reshape(*lead, group.width, *trail)
 
 
 def split_columns(group: FusedGroup, y: jnp.ndarray) -> list[jnp.ndarray]:

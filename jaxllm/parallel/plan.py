@@ -1,6 +1,7 @@
 """What the engine needs for tensor parallelism, decided once before the model loads.
 
-tensor_parallel_size N + ModelSpec -> peek at the architecture -> validate N against heads / devices ->
+tensor_parallel_size N + the opened model's architecture (loader.open_model: config files only, with the
+quantization scheme, which the sharding rules read) -> validate N against heads / devices ->
 TensorParallelPlan(mesh, sharding_fn for the loader, kv_sharding and head slots for the KV cache,
 context() under which steps are traced). N == 1 gives an empty plan: no mesh, no shardings.
 """
@@ -17,7 +18,6 @@ from jaxllm.parallel.mesh import TP_AXIS, build_mesh, mesh_context
 from jaxllm.parallel.sharding import kv_cache_sharding, param_sharding_fn, validate_tensor_parallel
 
 if TYPE_CHECKING:
-    from jaxllm.config import ModelSpec
     from jaxllm.models.config import ModelArchConfig
 
 
@@ -46,13 +46,10 @@ class TensorParallelPlan:
         return mesh_context(self.mesh)
 
 
-def plan_tensor_parallel(tensor_parallel_size: int, spec: ModelSpec) -> TensorParallelPlan:
+def plan_tensor_parallel(tensor_parallel_size: int, arch: ModelArchConfig) -> TensorParallelPlan:
     """Raises ValueError (naming the numbers) when N exceeds the devices or does not fit the heads."""
     mesh = build_mesh(tensor_parallel_size)
     if mesh is None:
         return TensorParallelPlan(None, None)
-    from jaxllm.parallel.arch_peek import peek_arch
-
-    arch = peek_arch(spec)
     validate_tensor_parallel(arch, tensor_parallel_size)
     return TensorParallelPlan(mesh, arch)

@@ -8,7 +8,9 @@ Rules go by parameter path (see the tree in jaxllm/models/llama.py and opt.py):
   o_proj, down_proj, fc2 (kernel [in, out])          row-parallel: in split              P(tp, None)
   quantized layers (jaxllm/quantization/scheme.py):  qweight, scales, zeros, weight_scale as the kernel
     along N; a row-parallel layer's group scales/zeros [K/g, N] split with K (whole groups per device),
-    per-channel ones [1, N] / [N] replicated; perm and input_scale replicated (XLA gathers x for perm)
+    per-channel ones [1, N] / [N] replicated; perm and input_scale replicated (XLA gathers x for perm).
+    A W8A8 qweight is held [N, K] (K contiguous for the FP8 GEMM), so its axes swap: column-parallel
+    P(tp, None), row-parallel P(None, tp); the layer's scheme (arch) says which qweights are W8A8
   embed_tokens/embedding [V, E], lm_head/kernel      vocab-parallel (replicated, with a warning, when N
     [E, V]                                           does not divide V)
   everything else (norms, row-parallel biases, OPT   replicated                          P()
@@ -33,11 +35,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.llama import layer_quant
 from jaxllm.parallel.mesh import TP_AXIS
 
 logger = logging.getLogger("jaxllm")
 
-# a projection's leaves whose last axis is its output N (a quantized layer's too: scheme.py)
+# a projection's leaves whose last axis is its output N (a quantized layer's too: scheme.py; a W8A8 qweight
+# [N, K] matches them too, and param_partition_spec swaps its spec)
 _N_LEAVES = "kernel|bias|qweight|scales|zeros|weight_scale"
 _COLUMN = re.compile(rf"(^|/)(qkv_proj|gate_up_proj|q_proj|gate_proj|up_proj|fc1)/({_N_LEAVES})$")
 _KV = re.compile(rf"(^|/)(k_proj|v_proj)/({_N_LEAVES})$")  # separate K/V: column-parallel, N divides Hkv
@@ -45,6 +49,7 @@ _ROW = re.compile(r"(^|/)(o_proj|down_proj|fc2)/(kernel|qweight)$")
 _ROW_GROUPS = re.compile(r"(^|/)(o_proj|down_proj|fc2)/(scales|zeros)$")  # [K/g, N]: groups split with K
 _VOCAB_ROWS = re.compile(r"(^|/)embed_tokens/embedding$")
 _VOCAB_COLS = re.compile(r"(^|/)lm_head/kernel$")
+_LAYER_QWEIGHT = re.compile(r"(?:^|/)layers_(\d+)/(?:.+/)?([^/]+)/qweight$")  # (layer index, projection)
 
 
 def validate_tensor_parallel(arch: ModelArchConfig, n: int) -> None:
@@ -67,7 +72,23 @@ def validate_tensor_parallel(arch: ModelArchConfig, n: int) -> None:
         )
 
 
+def _is_w8a8_qweight(path: str, arch: ModelArchConfig) -> bool:
+    """Whether `path` is the qweight [N, K] of a W8A8 layer, by the scheme the model gives that layer."""
+    m = _LAYER_QWEIGHT.search(path)
+    if m is None:
+        return False
+    scheme = layer_quant(arch, int(m.group(1))).get(m.group(2))
+    return scheme is not None and not scheme.weight_only
+
+
 def param_partition_spec(path: str, ndim: int, shape: tuple[int, ...], arch: ModelArchConfig, n: int) -> P:
+    if _is_w8a8_qweight(path, arch):  # [N, K]: the rule of a [K, N] qweight, its axes swapped
+        return P(*reversed(tuple(_partition_spec(path, ndim, tuple(shape[::-1]), arch, n))))
+    return _partition_spec(path, ndim, shape, arch, n)
+
+
+def _partition_spec(path: str, ndim: int, shape: tuple[int, ...], arch: ModelArchConfig, n: int) -> P:
+    """The rules of the module docstring for leaves whose last axis is N (every one but a W8A8 qweight)."""
     if n == 1:
         return P()
     if _COLUMN.search(path):

@@ -1,7 +1,8 @@
 """Quantized checkpoints' tensors of one linear module -> the canonical leaves of jaxllm/quantization/scheme.py.
 
 Each packing names the tensors a quantized module has (suffixes of its name: `...q_proj.qweight`) and
-turns them into [K, N] leaves (K inputs, N outputs). The layouts, as the tools write them:
+turns them into the canonical leaves: [K, N] (K inputs, N outputs), except a W8A8 qweight, which keeps
+the checkpoints' [N, K] (scheme.py says why). The layouts, as the tools write them:
 
   awq (AutoAWQ GEMM)    qweight i32[K, N/8], qzeros i32[K/g, N/8]: 8 nibbles per int32 along N, nibble i
                         holding column 8c + AWQ_ORDER[i]; scales f16[K/g, N]; w = (q - z) * s
@@ -174,7 +175,8 @@ class FP8Packing(Packing):
 
 
 def _eight_bit(s: QuantScheme, weight, scale, input_scale, where: str) -> dict[str, Any]:
-    """fp8/int8 weight [N, K] with channel ([N, 1]/[N]), tensor ([1]/[]) or group ([N, K/g]) scales."""
+    """fp8/int8 weight [N, K] with channel ([N, 1]/[N]), tensor ([1]/[]) or group ([N, K/g]) scales: W8A8
+    keeps the weight [N, K], weight-only transposes it to [K, N] (the layouts of scheme.py)."""
     w = jnp.asarray(weight)
     n, k = w.shape
     want = jnp.int8 if s.weights == "int8" else jnp.float8_e4m3fn
@@ -185,11 +187,10 @@ def _eight_bit(s: QuantScheme, weight, scale, input_scale, where: str) -> dict[s
     scale = jnp.asarray(scale, jnp.float32)
     if scale.size in (1, n):
         per_channel = jnp.broadcast_to(scale.reshape(-1), (n,))
-        out = {"qweight": w.T}
         if s.weight_only:
-            out["scales"] = per_channel[None, :]
+            out = {"qweight": w.T, "scales": per_channel[None, :]}
         else:
-            out["weight_scale"] = per_channel
+            out = {"qweight": w, "weight_scale": per_channel}
     elif s.weight_only and scale.ndim == 2 and scale.shape[0] == n and k % scale.shape[1] == 0:
         out = {"qweight": w.T, "scales": scale.T}
     else:

@@ -16,15 +16,16 @@ from jaxllm.quantization.scheme import FP8_DTYPE, FP8_MAX
 
 
 def quantize_fp8(w: jax.Array) -> dict[str, jax.Array]:
-    """w [K, N] -> {qweight f8[K, N], weight_scale f32[N]}, per output channel."""
-    wf = w.astype(jnp.float32)
-    scale = jnp.maximum(jnp.max(jnp.abs(wf), axis=0), 1e-12) / FP8_MAX  # [N]
-    q = jnp.clip(wf / scale[None, :], -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
+    """w [K, N] -> {qweight f8[N, K], weight_scale f32[N]}, per output channel (W8A8's [N, K] layout)."""
+    wf = w.astype(jnp.float32).T  # [N, K]
+    scale = jnp.maximum(jnp.max(jnp.abs(wf), axis=1), 1e-12) / FP8_MAX  # [N]
+    q = jnp.clip(wf / scale[:, None], -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
     return {"qweight": q, "weight_scale": scale}
 
 
 def quantize_int8(w: jax.Array, group: int | None = None, w8a8: bool = False) -> dict[str, jax.Array]:
-    """w [K, N] -> {qweight i8[K, N], scales [K/g, N]} (or weight_scale f32[N] for W8A8), symmetric."""
+    """w [K, N] -> {qweight i8[K, N], scales [K/g, N]}, or for W8A8 {qweight i8[N, K], weight_scale f32[N]}
+    (the layouts of scheme.py), symmetric."""
     k, n = w.shape
     g = group or k
     if w8a8 and g != k:
@@ -33,7 +34,7 @@ def quantize_int8(w: jax.Array, group: int | None = None, w8a8: bool = False) ->
     scale = jnp.maximum(jnp.max(jnp.abs(wf), axis=1), 1e-12) / 127.0  # [K/g, N]
     q = jnp.clip(jnp.round(wf / scale[:, None, :]), -127, 127).astype(jnp.int8).reshape(k, n)
     if w8a8:
-        return {"qweight": q, "weight_scale": scale[0]}
+        return {"qweight": q.T, "weight_scale": scale[0]}
     return {"qweight": q, "scales": scale.astype(w.dtype)}
 
 

@@ -15,8 +15,12 @@ scales are per output channel):
   weights "int8" | "fp8", activations None (W8A16):
       qweight i8[K, N] | float8_e4m3fn[K, N], scales [K/g, N] (compute dtype); w = q * scales[k // g]
   weights "int8" | "fp8", activations "int8" | "fp8" (W8A8):
-      qweight i8[K, N] | float8_e4m3fn[K, N], weight_scale f32[N] (per output channel), and with
-      static_input_scale an input_scale f32[] (else activations are quantized per token, dynamically)
+      qweight i8[N, K] | float8_e4m3fn[N, K] (out, in: as the checkpoints store it), weight_scale f32[N]
+      (per output channel), and with static_input_scale an input_scale f32[] (else activations are
+      quantized per token, dynamically). [N, K] keeps K contiguous: cuBLASLt's FP8 GEMM takes
+      both operands K-major (its "TN" layout), and from a [K, N] weight XLA transposes the whole weight
+      on every call, which makes the W8A8 GEMM slower than the bf16 one it replaces. (The weight-only
+      layouts keep [K, N]: their codes become the compute dtype before a float GEMM.)
 
 Embeddings and the LM head stay in the compute dtype (as in vLLM for these methods).
 """
@@ -110,7 +114,7 @@ class QuantScheme:
         qdtype = jnp.int8 if self.weights == "int8" else FP8_DTYPE
         if self.weight_only:
             return {"qweight": ((k, n), qdtype), "scales": ((k // self.group(k), n), dtype)}
-        shapes = {"qweight": ((k, n), qdtype), "weight_scale": ((n,), jnp.float32)}
+        shapes = {"qweight": ((n, k), qdtype), "weight_scale": ((n,), jnp.float32)}
         if self.static_input_scale:
             shapes["input_scale"] = ((), jnp.float32)
         return shapes

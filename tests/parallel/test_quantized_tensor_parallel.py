@@ -14,6 +14,7 @@ import pytest
 from tests.parallel.conftest import assert_same_generation
 
 CASES = ["fp8", "awq", "gptq", "w8a8"]
+W8A8 = ("fp8", "w8a8")  # qweight [N, K]
 COLUMN = ("attn/qkv_proj", "mlp/gate_up_proj")  # output N split
 ROW = ("attn/o_proj", "mlp/down_proj")  # input K split
 
@@ -28,12 +29,16 @@ def test_quantized_tp_sizes_match_single_device(quantized_host, name):
         assert_same_generation(ref, row, f"{name} TP={row['tp']}")
 
 
-def expected_shard(module: str, leaf: str, shape: list[int], n: int) -> list[int]:
+def expected_shard(name: str, module: str, leaf: str, shape: list[int], n: int) -> list[int]:
     """The rules, written out: column-parallel leaves split their last axis (N), row-parallel ones their
     first (K: the packed rows, whole groups of scales/zeros); per-channel scales of a row-parallel layer,
-    the act-order perm and a static input scale are whole on every device."""
+    the act-order perm and a static input scale are whole on every device. A W8A8 qweight is [N, K]: the
+    other way round."""
     if leaf in ("perm", "input_scale"):
         return shape
+    if leaf == "qweight" and name in W8A8:
+        k_split = module in ROW
+        return [shape[0], shape[1] // n] if k_split else [shape[0] // n, shape[1]]
     if module in COLUMN:
         return [*shape[:-1], shape[-1] // n]
     assert module in ROW, module
@@ -62,10 +67,11 @@ def test_quantized_leaves_are_split_by_the_rules(quantized_host, name):
                 }
                 assert {k: v["dtype"] for k, v in got.items()} == LEAVES[name], (name, n, module)
                 for leaf, info in got.items():
-                    want = expected_shard(module, leaf, info["shape"], n)
+                    want = expected_shard(name, module, leaf, info["shape"], n)
                     assert info["shard"] == want, (name, n, f"{layer}/{module}/{leaf}", info)
-        if n > 1:  # the check can fail: the large leaves really are split
+        if n > 1:  # the check can fail: the large leaves really are split, along N and K
+            n_axis, k_axis = (0, 1) if name in W8A8 else (-1, 0)
             qkv = leaves["layers_0/attn/qkv_proj/qweight"]
-            assert qkv["shard"][-1] * n == qkv["shape"][-1]
+            assert qkv["shard"][n_axis] * n == qkv["shape"][n_axis]
             down = leaves["layers_0/mlp/down_proj/qweight"]
-            assert down["shard"][0] * n == down["shape"][0]
+            assert down["shard"][k_axis] * n == down["shape"][k_axis]

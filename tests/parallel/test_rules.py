@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -14,6 +16,7 @@ from jaxllm.parallel import (
     validate_tensor_parallel,
 )
 from jaxllm.parallel.mesh import build_mesh
+from jaxllm.quantization.scheme import LayerQuant, QuantScheme
 
 
 def llama_arch(
@@ -76,6 +79,41 @@ def llama_arch(
 )
 def test_partition_rules(path, shape, n, want):
     assert param_partition_spec(path, len(shape), shape, llama_arch(), n) == want
+
+
+@pytest.mark.parametrize(
+    ("path", "shape", "want"),
+    [
+        ("layers_0/attn/qkv_proj/qweight", (256, 128), P("tp", None)),  # [N, K]: N is the first axis
+        ("layers_0/mlp/gate_up_proj/qweight", (256, 128), P("tp", None)),
+        ("layers_0/attn/o_proj/qweight", (128, 128), P(None, "tp")),  # row-parallel: K, the second
+        ("layers_0/mlp/down_proj/qweight", (128, 128), P(None, "tp")),
+        ("layers_0/mlp/fc2/qweight", (128, 128), P(None, "tp")),
+        ("layers_0/mlp/gate_up_proj/weight_scale", (256,), P("tp")),
+        ("layers_0/mlp/down_proj/weight_scale", (128,), P()),
+        ("layers_0/attn/qkv_proj/input_scale", (), P()),
+    ],
+)
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+def test_w8a8_qweight_is_split_along_its_own_axes(path, shape, want, kind):
+    """A W8A8 qweight is held [N, K] (jaxllm/quantization/scheme.py): its split swaps axes against the
+    [K, N] layouts, which the same paths keep under a weight-only scheme."""
+    w8a8 = dataclasses.replace(llama_arch(), quant=QuantScheme(kind, kind, kind))
+    assert param_partition_spec(path, len(shape), shape, w8a8, 4) == want
+    weight_only = dataclasses.replace(llama_arch(), quant=QuantScheme(kind, kind))
+    if path.endswith("qweight"):
+        assert param_partition_spec(path, 2, shape, weight_only, 4) == P(*reversed(tuple(want)))
+    assert param_partition_spec(path, len(shape), shape, w8a8, 1) == P()
+
+
+def test_w8a8_follows_each_layer_scheme():
+    """Per-layer schemes (arch.layer_quant) decide per projection: a W8A8 o_proj beside a weight-only
+    qkv_proj in the same layer."""
+    w8a8, weight_only = QuantScheme("fp8", "fp8", "fp8"), QuantScheme("t", "int8")
+    lq = LayerQuant(weight_only, overrides=(("o_proj", w8a8),))
+    arch = dataclasses.replace(llama_arch(), layer_quant=(lq,))
+    assert param_partition_spec("layers_0/attn/o_proj/qweight", 2, (128, 128), arch, 4) == P(None, "tp")
+    assert param_partition_spec("layers_0/attn/qkv_proj/qweight", 2, (128, 256), arch, 4) == P(None, "tp")
 
 
 def test_separate_kv_projections_need_n_to_divide_their_heads():

@@ -131,6 +131,8 @@ def test_compressed_tensors_eight_bit(strategy, kind, w8a8):
     scheme = QuantScheme("compressed-tensors", kind, kind if w8a8 else None, packing="compressed-tensors")
     leaves = convert(scheme, {"weight": w, "weight_scale": s})
     assert ("weight_scale" in leaves) == w8a8
+    # W8A8 keeps the checkpoint's [N, K] (K contiguous for the FP8 GEMM), weight-only is [K, N]
+    assert leaves["qweight"].shape == ((N, K) if w8a8 else (K, N))
     want = (w.astype(np.float32) * s.reshape(-1, 1)).T
     np.testing.assert_allclose(restored(leaves, scheme), want, rtol=1e-7)
 
@@ -154,6 +156,7 @@ def test_fp8_per_tensor(static):
     tensors = {"weight": w, "weight_scale": np.float32(0.003), "input_scale": np.float32(0.02)}
     leaves = convert(scheme, tensors)
     assert leaves["weight_scale"].shape == (N,)
+    np.testing.assert_array_equal(np.asarray(leaves["qweight"]).view(np.uint8), w.view(np.uint8))  # [N, K]
     assert ("input_scale" in leaves) == static
     if static:
         assert float(leaves["input_scale"]) == np.float32(0.02)

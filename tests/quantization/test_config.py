@@ -292,7 +292,7 @@ def test_param_shapes_follow_the_canonical_layout():
     }  # fmt: skip
     shapes = QuantScheme("fp8", "fp8", "fp8", static_input_scale=True).param_shapes(k, n, "bfloat16")
     assert {name: s for name, (s, _) in shapes.items()} == {
-        "qweight": (256, 64), "weight_scale": (64,), "input_scale": ()
+        "qweight": (64, 256), "weight_scale": (64,), "input_scale": ()  # W8A8: [N, K]
     }  # fmt: skip
     shapes = QuantScheme("x", "int8", group_size=64).param_shapes(k, n, "bfloat16")
     assert {name: s for name, (s, _) in shapes.items()} == {"qweight": (256, 64), "scales": (4, 64)}

@@ -9,6 +9,8 @@ only the accumulation order and the output's rounding differ.
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -25,14 +27,14 @@ DTYPES = {"float32": (jnp.float32, 2e-6), "bfloat16": (jnp.bfloat16, 2**-7)}  # 
 def ref_weight(params: dict, scheme: QuantScheme) -> np.ndarray:
     """f64[K, N] from the canonical leaves, by the layout's definition."""
     q = np.asarray(params["qweight"])
+    if not scheme.weight_only:  # W8A8: qweight [N, K], one scale per output row
+        return (q.astype(np.float64) * np.asarray(params["weight_scale"], np.float64)[:, None]).T
     if scheme.weights == "int4":
         codes = np.empty((q.shape[0] * 2, q.shape[1]), np.float64)
         codes[0::2] = q & 0xF  # byte j of column n = q[2j, n] | q[2j + 1, n] << 4
         codes[1::2] = q >> 4
     else:
         codes = q.astype(np.float64)  # int8, or fp8 through ml_dtypes
-    if not scheme.weight_only:
-        return codes * np.asarray(params["weight_scale"], np.float64)[None, :]
     scales = np.asarray(params["scales"].astype(jnp.float32), np.float64)
     g = codes.shape[0] // scales.shape[0]
     rows = np.arange(codes.shape[0]) // g
@@ -156,6 +158,32 @@ def test_quantized_linear_module():
     )
 
 
+HLO_TYPES = {"fp8": "f8E4M3FN", "int8": "i8"}
+
+
+@pytest.mark.parametrize("layout", ["fp8 W8A8 dynamic", "int8 W8A8 static"])
+def test_w8a8_layer_contracts_the_weight_in_place(layout):
+    """The W8A8 weight is held [N, K] and the jitted layer contracts its last axis, with no transpose: the
+    layout cuBLASLt's FP8 GEMM takes (K contiguous in both operands). A [K, N] weight would lower to
+    contracting dims [1] x [0], which XLA on the GPU turns into a transpose of the weight every call."""
+    import jax
+
+    scheme = LAYOUTS[layout]
+    layer = QuantizedLinear(N, scheme)
+    x = jax.ShapeDtypeStruct((T, K), jnp.bfloat16)
+    params = jax.eval_shape(layer.init, jax_key(), x)
+    assert params["params"]["qweight"].shape == (N, K)
+    hlo = jax.jit(layer.apply).lower(params, x).as_text()
+    signature = re.search(r"func\.func public @main\((.*?)\) ->", hlo).group(1)
+    weight = re.findall(rf"(%arg\d+): tensor<{N}x{K}x{HLO_TYPES[scheme.weights]}>", signature)
+    assert len(weight) == 1, signature
+    dots = re.findall(
+        rf"stablehlo\.dot_general %\w+, {weight[0]}, contracting_dims = \[(\d+)\] x \[(\d+)\]", hlo
+    )
+    assert dots == [("1", "1")], hlo
+    assert not re.search(rf"stablehlo\.transpose {weight[0]}\b", hlo)
+
+
 def jax_key():
     import jax
 
@@ -180,6 +208,7 @@ def offset_weights(rng, k=K, n=N) -> np.ndarray:
 def test_quantize_fp8_round_trip():
     w = offset_weights(np.random.default_rng(5))
     p = quantize_fp8(jnp.asarray(w))
+    assert p["qweight"].shape == (N, K)  # W8A8's layout
     colmax = np.abs(w).max(axis=0)
     np.testing.assert_allclose(np.asarray(p["weight_scale"]), colmax / 448, rtol=1e-6)
     back = np.asarray(dequantize(p, QuantScheme("fp8", "fp8", "fp8"), jnp.float32))
@@ -198,8 +227,8 @@ def test_quantize_int8_round_trip(group):
     gmax = np.repeat(np.abs(w.reshape(K // g, g, N)).max(axis=1), g, axis=0)  # [K, N]
     assert np.all(np.abs(back - w) <= gmax / 254 * (1 + 1e-5))
     if group is None:
-        p8 = quantize_int8(jnp.asarray(w), w8a8=True)
-        np.testing.assert_array_equal(np.asarray(p8["qweight"]), np.asarray(p["qweight"]))
+        p8 = quantize_int8(jnp.asarray(w), w8a8=True)  # the same codes, held [N, K]
+        np.testing.assert_array_equal(np.asarray(p8["qweight"]), np.asarray(p["qweight"]).T)
         assert p8["weight_scale"].shape == (N,) and p8["weight_scale"].dtype == jnp.float32
 
 

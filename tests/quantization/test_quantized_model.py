@@ -110,6 +110,8 @@ def test_fp8_online_matches_transformers_with_fp8_weights_and_inputs(hf_model, f
     qkv = loaded.params["layers_0"]["attn"]["qkv_proj"]
     assert str(qkv["qweight"].dtype) == "float8_e4m3fn" and "kernel" not in qkv
     assert str(qkv["weight_scale"].dtype) == "float32"
+    # W8A8 holds the fused weight [N, K] (out, in), fused along its first axis
+    assert qkv["qweight"].shape == (*qkv["weight_scale"].shape, loaded.arch.hidden_size)
 
     fp8_weights = {
         n: fp8_round_trip(lin.weight.detach().numpy()) for n, lin, _ in decoder_projections(hf_model)

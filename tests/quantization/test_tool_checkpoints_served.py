@@ -5,7 +5,8 @@
    own dequantization of the same checkpoint (layer0_dense.reference), to the rounding of its scales.
 2. The model: along each transformers reference's own greedy continuation (teacher-forced, so a near tie
    cannot make the runs part), jaxllm's log-probability of each token is close to transformers' with the
-   same checkpoint, and jaxllm's top token is transformers' wherever that choice is clear. The bound is
+   same checkpoint, and jaxllm's top token is transformers' wherever that choice is clear (all but one
+   position; W8A8, whose 8-bit activations amplify float32 rounding, all but three). The bound is
    loose (0.5 nats at a position, 0.06 on average) because the tools' CPU kernels do not compute
    everything in float32 (GPTQModel's torch kernel), and looser for W8A8 (1.0 / 0.15): compressed-
    tensors fake-quantizes activations with its own scale (int8: max|x| / 127.5), jaxllm as vLLM's
@@ -102,7 +103,11 @@ def test_served_like_transformers(cache, name):
                 agree += ours == p["top_ids"][j][0]
     diffs = np.asarray(diffs)
     assert decided > 0.4 * len(diffs)
-    assert agree >= decided - 1, (
+    # W8A8 rounds every projection's input to 8 bits, so a change at float32's rounding level (another
+    # summation order in a GEMM: scaling fp8's f32 accumulators by 1 +- 2^-22 moves 0 to 2 of the 68 clear
+    # positions of ct-fp8-dynamic) flips some codes and the flips compound over the layers
+    allowed = 3 if arch_quant.activations else 1
+    assert agree >= decided - allowed, (
         f"{name}: top token differs at {decided - agree} of {decided} clear positions"
     )
     max_d, mean_d = (1.0, 0.15) if arch_quant.activations else (0.5, 0.06)
