@@ -62,3 +62,21 @@ def test_perplexity_matches_transformers():
             total += sum(logp[i - 1, p[i]].item() for i in range(1, len(p)))
     assert count == len(ids)
     assert math.isclose(ppl, math.exp(-total / count), rel_tol=2e-3), (ppl, math.exp(-total / count))
+
+
+def test_w8a8_gemm_reports_each_shape_against_the_dequantized_reference(tmp_path):
+    """Every projection shape of the model at every token count, both kinds, each with its error against
+    dequantize-then-dot small enough that the layer computed the same product (8-bit rounding only)."""
+    from benchmarks import w8a8_gemm
+
+    result = w8a8_gemm.main(
+        ["--model", "tiny-llama", "--tokens", "1,4", "--layers", "2", "--warmup", "1", "--reps", "2",
+         "--output-json", str(tmp_path / "g.json")]
+    )  # fmt: skip
+    rows = result["results"]["rows"]
+    assert {r["kind"] for r in rows} == {"fp8", "int8"}
+    assert len(rows) == 2 * 4 * 2  # kinds x projection groups (qkv, o, gate_up, down) x token counts
+    for r in rows:
+        assert r["max_rel_err_vs_dequantized"] < 0.08, r  # activations rounded to 8 bits per token
+        assert r["bf16_us"] > 0 and r["w8a8_us"] > 0
+    assert (tmp_path / "g.json").exists()
