@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.real_services import need
+
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = os.environ.get("JAXLLM_DOCKER_TEST_SUITE", "trixie")  # a Debian suite with Python >= 3.12
 MIRROR = os.environ.get("JAXLLM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -41,17 +43,6 @@ MAX_TOKENS = 16
 def _took(what: str, start: float) -> None:
     """What each phase cost (CI's budget is tight): shown with -s, and in the report of a failure."""
     print(f"[docker test] {what}: {time.monotonic() - start:.0f} s", flush=True)
-
-
-def _need(program: str, package: str) -> str:
-    """The program's path; without it the test fails in CI (naming the Debian package) and skips elsewhere."""
-    path = shutil.which(program)
-    if path is None:
-        message = f"{program} is missing: install the Debian package {package} (scripts/test-services.txt)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def _need_root() -> None:
@@ -115,15 +106,13 @@ def docker():
     """A running Docker daemon: one that already answers on the default socket (never two daemons on one
     docker0 bridge), else dockerd started here with its data root, exec root, pidfile and socket in a
     temp dir, stopped and removed at the end."""
-    dockerd = _need("dockerd", "docker.io")
-    _need("debootstrap", "debootstrap")
+    dockerd = need("dockerd", "docker.io")
+    need("debootstrap", "debootstrap")
     _need_root()
     # The client of Debian's package (/usr/bin/docker): a newer CLI without the buildx plugin refuses
     # BuildKit builds, and the Dockerfile needs BuildKit.
     candidates = [os.path.join(os.path.dirname(dockerd), "docker"), "/usr/bin/docker", shutil.which("docker")]
-    client = next((c for c in candidates if c and os.access(c, os.X_OK)), None) or _need(
-        "docker", "docker.io"
-    )
+    client = next((c for c in candidates if c and os.access(c, os.X_OK)), None) or need("docker", "docker.io")
     existing = Docker(client, os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"), own=False)
     if existing.answers():
         yield existing
