@@ -27,7 +27,7 @@ from jaxllm.loader.gguf_blocks import decode_int4  # noqa: E402
 from jaxllm.loader.gguf_loader import gguf_hf_config, gguf_layer_quant, open_gguf  # noqa: E402
 from jaxllm.loader.loader import params_layout  # noqa: E402
 from jaxllm.quantization.scheme import LayerQuant, QuantScheme  # noqa: E402
-from tests.loader.test_gguf_writer import llama_cpp_permute, random_k_blocks  # noqa: E402
+from tests.loader.test_gguf_writer import random_k_blocks, write_llama_gguf  # noqa: E402
 from tests.models.paged_runner import PagedRunner  # noqa: E402
 
 CFG = dict(
@@ -84,45 +84,27 @@ def raw_blocks(rng, x: np.ndarray, qtype) -> np.ndarray:
 
 def write_mixed_gguf(path, state: dict, rng) -> dict:
     """Writes the file; returns the HF-layout float32 weights it holds (the gguf package's dequantization)."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(CFG["num_hidden_layers"])
-    w.add_context_length(CFG["max_position_embeddings"])
-    w.add_embedding_length(CFG["hidden_size"])
-    w.add_feed_forward_length(CFG["intermediate_size"])
-    w.add_head_count(CFG["num_attention_heads"])
-    w.add_head_count_kv(CFG["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(CFG["rms_norm_eps"])
-    w.add_rope_freq_base(CFG["rope_theta"])
-    w.add_vocab_size(CFG["vocab_size"])
-    held = {}
-
-    def put(gname: str, hname: str, x: np.ndarray, qtype, n_head: int | None = None):
-        stored = llama_cpp_permute(x, n_head) if n_head else x
-        data = stored if qtype == Q.F32 else raw_blocks(rng, stored, qtype)
-        back = gguf.quants.dequantize(data, qtype) if qtype != Q.F32 else data
-        if n_head:  # invert the row permutation by index, independently of the loader's code
-            unperm = np.empty_like(back)
-            unperm[llama_cpp_permute(np.arange(x.shape[0]), n_head)] = back
-            back = unperm
-        w.add_tensor(gname, data, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
-        held[hname] = np.asarray(back, np.float32)
-
-    put("token_embd.weight", "model.embed_tokens.weight", state["model.embed_tokens.weight"], Q.Q8_0)
     heads = {"attn_q": CFG["num_attention_heads"], "attn_k": CFG["num_key_value_heads"]}
-    for i, types in enumerate(LAYER_TYPES):
-        for hname, gname in PARTS.items():
-            full = f"model.layers.{i}.{hname}.weight"
-            put(f"blk.{i}.{gname}.weight", full, state[full], types[gname], heads.get(gname))
-        for hname, gname in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")):
-            full = f"model.layers.{i}.{hname}.weight"
-            put(f"blk.{i}.{gname}.weight", full, state[full], Q.F32)
-    put("output_norm.weight", "model.norm.weight", state["model.norm.weight"], Q.F32)
-    put("output.weight", "lm_head.weight", state["lm_head.weight"], Q.Q6_K)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return held
+
+    def tensors():
+        yield (
+            "token_embd.weight",
+            "model.embed_tokens.weight",
+            state["model.embed_tokens.weight"],
+            Q.Q8_0,
+            None,
+        )
+        for i, types in enumerate(LAYER_TYPES):
+            for hname, gname in PARTS.items():
+                full = f"model.layers.{i}.{hname}.weight"
+                yield f"blk.{i}.{gname}.weight", full, state[full], types[gname], heads.get(gname)
+            for hname, gname in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")):
+                full = f"model.layers.{i}.{hname}.weight"
+                yield f"blk.{i}.{gname}.weight", full, state[full], Q.F32, None
+        yield "output_norm.weight", "model.norm.weight", state["model.norm.weight"], Q.F32, None
+        yield "output.weight", "lm_head.weight", state["lm_head.weight"], Q.Q6_K, None
+
+    return write_llama_gguf(path, CFG, tensors(), lambda x, qtype: raw_blocks(rng, x, qtype))
 
 
 @pytest.fixture(scope="module")

@@ -56,59 +56,75 @@ def random_k_blocks(rng, qtype, rows: int, cols: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def write_gguf(path, hf_state: dict, rng) -> dict:
-    """Writes the file; returns the HF-layout float32 weights it really holds (after quantization)."""
+def write_llama_gguf(path, cfg: dict, tensors, encode) -> dict:
+    """Writes a llama GGUF file with cfg's header and `tensors`, each (GGUF name, HF name, x [out, in] in HF
+    layout, qtype, heads whose rotary rows llama.cpp permutes or None), stored as encode(x as stored,
+    qtype) (F32 as is); returns the HF-layout float32 weights the file really holds (the gguf package's
+    dequantization, the permutation undone)."""
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(CFG["num_hidden_layers"])
-    w.add_context_length(CFG["max_position_embeddings"])
-    w.add_embedding_length(CFG["hidden_size"])
-    w.add_feed_forward_length(CFG["intermediate_size"])
-    w.add_head_count(CFG["num_attention_heads"])
-    w.add_head_count_kv(CFG["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(CFG["rms_norm_eps"])
-    w.add_rope_freq_base(CFG["rope_theta"])
-    w.add_vocab_size(CFG["vocab_size"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
     held = {}
-
-    def put(gname: str, hname: str, x: np.ndarray, qtype, n_head: int | None = None):
+    for gname, hname, x, qtype, n_head in tensors:
         stored = llama_cpp_permute(x, n_head) if n_head else x
-        if qtype == Q.F32:
-            data, back = stored, stored
-        elif qtype == Q.F16:
-            data = stored.astype(np.float16)
-            back = data.astype(np.float32)
-        elif qtype in (Q.Q4_K, Q.Q6_K):
-            data = random_k_blocks(rng, qtype, *stored.shape)
-            back = gguf.quants.dequantize(data, qtype)
-        else:
-            data = gguf.quants.quantize(stored, qtype)
-            back = gguf.quants.dequantize(data, qtype)
+        data = stored if qtype == Q.F32 else encode(stored, qtype)
+        back = data if qtype == Q.F32 else gguf.quants.dequantize(data, qtype)
         if n_head:  # invert the row permutation by index, independently of the loader's code
-            idx = llama_cpp_permute(np.arange(x.shape[0]), n_head)
             unperm = np.empty_like(back)
-            unperm[idx] = back
+            unperm[llama_cpp_permute(np.arange(x.shape[0]), n_head)] = back
             back = unperm
         w.add_tensor(gname, data, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
-        held[hname] = back.astype(np.float32)
-
-    put("token_embd.weight", "model.embed_tokens.weight", hf_state["model.embed_tokens.weight"], Q.Q8_0)
-    for i in range(CFG["num_hidden_layers"]):
-        for hname, gname in GGUF_NAME.items():
-            full = f"model.layers.{i}.{hname}.weight"
-            heads = {
-                "self_attn.q_proj": CFG["num_attention_heads"],
-                "self_attn.k_proj": CFG["num_key_value_heads"],
-            }
-            put(f"blk.{i}.{gname}.weight", full, hf_state[full], QUANT.get(hname, Q.F32), heads.get(hname))
-    put("output_norm.weight", "model.norm.weight", hf_state["model.norm.weight"], Q.F32)
-    put("output.weight", "lm_head.weight", hf_state["lm_head.weight"], Q.Q6_K)
+        held[hname] = np.asarray(back, np.float32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return held
+
+
+def write_gguf(path, hf_state: dict, rng) -> dict:
+    """Writes the file; returns the HF-layout float32 weights it really holds (after quantization)."""
+
+    def encode(stored: np.ndarray, qtype) -> np.ndarray:
+        if qtype == Q.F16:
+            return stored.astype(np.float16)
+        if qtype in (Q.Q4_K, Q.Q6_K):
+            return random_k_blocks(rng, qtype, *stored.shape)
+        return gguf.quants.quantize(stored, qtype)
+
+    heads = {"self_attn.q_proj": CFG["num_attention_heads"], "self_attn.k_proj": CFG["num_key_value_heads"]}
+
+    def tensors():
+        yield (
+            "token_embd.weight",
+            "model.embed_tokens.weight",
+            hf_state["model.embed_tokens.weight"],
+            Q.Q8_0,
+            None,
+        )
+        for i in range(CFG["num_hidden_layers"]):
+            for hname, gname in GGUF_NAME.items():
+                full = f"model.layers.{i}.{hname}.weight"
+                yield (
+                    f"blk.{i}.{gname}.weight",
+                    full,
+                    hf_state[full],
+                    QUANT.get(hname, Q.F32),
+                    heads.get(hname),
+                )
+        yield "output_norm.weight", "model.norm.weight", hf_state["model.norm.weight"], Q.F32, None
+        yield "output.weight", "lm_head.weight", hf_state["lm_head.weight"], Q.Q6_K, None
+
+    return write_llama_gguf(path, CFG, tensors(), encode)
 
 
 def test_written_gguf_matches_transformers(tmp_path):
