@@ -139,30 +139,29 @@ class ServerArgs:
 _SERVER_TYPES = typing.get_type_hints(ServerArgs)
 
 
-def _json_list(flag: str):
-    def parse(text: str) -> list:
+def _json_flag(flag: str, fits, expected: str):
+    """An argparse type: the flag's JSON value, refused naming the flag unless fits(value)."""
+
+    def parse(text: str):
         try:
             value = json.loads(text)
         except json.JSONDecodeError as e:
             raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({e}): {text!r}") from None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise argparse.ArgumentTypeError(f"{flag}: must be a JSON list of strings, got {text!r}")
+        if not fits(value):
+            raise argparse.ArgumentTypeError(f"{flag}: must be {expected}, got {text!r}")
         return value
 
     return parse
+
+
+def _json_list(flag: str):
+    return _json_flag(
+        flag, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a JSON list of strings"
+    )
 
 
 def _json_object(flag: str):
-    def parse(text: str) -> dict:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({e}): {text!r}") from None
-        if not isinstance(value, dict):
-            raise argparse.ArgumentTypeError(f"{flag}: must be a JSON object, got {text!r}")
-        return value
-
-    return parse
+    return _json_flag(flag, lambda v: isinstance(v, dict), "a JSON object")
 
 
 class _AddsArguments(typing.Protocol):

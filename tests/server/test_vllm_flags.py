@@ -129,6 +129,10 @@ def _dest(flag: str) -> str:
         (["--root-path", "llm/"], "--root-path) must start with '/'"),
         (["--ssl-keyfile", "k.pem"], "--ssl-certfile) go together"),
         (["--allowed-origins", "https://a.example"], "--allowed-origins: not valid JSON"),
+        (
+            ["--allowed-origins", '["https://a.example", 1]'],
+            "--allowed-origins: must be a JSON list of strings",
+        ),
     ],
 )
 def test_refused_values_name_the_flag_and_why(argv, says, capsys):
@@ -227,6 +231,7 @@ def serve(monkeypatch):
     fake.AsyncLLMEngine = MockAsyncEngine
     monkeypatch.setitem(sys.modules, "jaxllm.engine.async_engine", fake)
     seen: dict = {}
+
     def run(server, sockets=None):
         c = server.config
         seen.update(
