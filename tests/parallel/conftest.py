@@ -33,6 +33,19 @@ def worker_env(num_devices: int) -> dict[str, str]:
     return env
 
 
+def run_single_host(spec: dict, num_devices: int) -> dict:
+    """tp_worker.py's single-host cases in a process with `num_devices` CPU devices; its RESULT."""
+    proc = subprocess.run(
+        [sys.executable, WORKER, "single", json.dumps(spec)],
+        env=worker_env(num_devices),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return parse_result(proc.stdout)
+
+
 def parse_result(stdout: str) -> dict:
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, stdout[-3000:]
@@ -133,15 +146,7 @@ def single_host(models) -> dict:
             {"name": "odd", "model": models["odd"], "tp": [5, 6]},
         ],
     }
-    proc = subprocess.run(
-        [sys.executable, WORKER, "single", json.dumps(spec)],
-        env=worker_env(8),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return parse_result(proc.stdout)
+    return run_single_host(spec, 8)
 
 
 def assert_same_generation(ref: dict, got: dict, label: str) -> None:
@@ -193,12 +198,4 @@ def quantized_host(quantized_models) -> dict:
         {"name": name, "model": folder, "tp": QUANT_TP_SIZES, "engine": kw}
         for name, (folder, kw) in quantized_models.items()
     ]
-    proc = subprocess.run(
-        [sys.executable, WORKER, "single", json.dumps({"cases": cases})],
-        env=worker_env(4),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return parse_result(proc.stdout)
+    return run_single_host({"cases": cases}, 4)
