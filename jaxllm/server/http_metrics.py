@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from jaxllm.server.http_options import route_path
+
 EXCLUDED_PATHS = frozenset({"/metrics", "/health"})
 _LOWR_BUCKETS = (0.1, 0.5, 1.0)
 _HIGHR_BUCKETS = (
@@ -62,7 +64,7 @@ class HTTPMetricsMiddleware:
         self.paths = frozenset(paths)
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
+        path = route_path(scope)  # below --root-path: what the routes match
         if scope["type"] != "http" or path in EXCLUDED_PATHS:
             return await self.app(scope, receive, send)
         status = 500  # what the client gets when the app raises before starting a response

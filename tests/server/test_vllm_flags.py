@@ -357,6 +357,17 @@ def test_root_path_serves_under_the_proxy_prefix():
         assert c.get("/llm/v1/models").status_code == 404
 
 
+def test_http_metrics_count_a_prefixed_request_under_its_route():
+    """Behind --root-path a request reaches its route with or without the prefix, and is counted there."""
+    from tests.server.prom_text import value
+
+    with app_with(HTTPOptions(root_path="/llm")) as c:
+        for path in ("/llm/v1/models", "/v1/models"):
+            assert c.get(path).status_code == 200, path
+        text = c.get("/metrics").text
+    assert value(text, "http_requests_total", method="GET", status="2xx", handler="/v1/models") == 2
+
+
 # ---- request logging ---------------------------------------------------------------------------------
 
 
