@@ -306,8 +306,8 @@ def in_process_compile(schemas, tokenizer_dir: str | None, vocab: int | None, ta
     }
 
 
-def grammar_metrics(base_url: str) -> dict[str, float] | None:
-    """Every /metrics sample whose name speaks of grammars or structured outputs (names differ by server)."""
+def scrape_metrics(base_url: str, wanted) -> dict[str, float] | None:
+    """The /metrics samples whose lower-cased name `wanted` accepts (None: no /metrics)."""
     try:
         text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=5.0).text
     except httpx.HTTPError:
@@ -318,11 +318,40 @@ def grammar_metrics(base_url: str) -> dict[str, float] | None:
             continue
         key, _, value = line.rpartition(" ")
         name = key.split("{", 1)[0].lower()
-        if ("grammar" in name or "structured" in name) and not name.endswith("_created"):
+        if wanted(name) and not name.endswith("_created"):
             try:
                 out[key] = float(value)
             except ValueError:
                 pass
+    return out
+
+
+def grammar_metrics(base_url: str) -> dict[str, float] | None:
+    """Every /metrics sample whose name speaks of grammars or structured outputs (names differ by server)."""
+    return scrape_metrics(base_url, lambda name: "grammar" in name or "structured" in name)
+
+
+def step_metrics(base_url: str) -> dict[str, float] | None:
+    """jaxllm's step counters: steps, the step thread's device wait and its host time by phase."""
+    return scrape_metrics(base_url, lambda name: name.startswith(("jaxllm:engine_steps", "jaxllm:step_")))
+
+
+def per_step_ms(before: dict | None, after: dict | None) -> dict[str, float] | None:
+    """Milliseconds per engine step over a run, of the device wait and of each host phase (jaxllm only)."""
+    if not before or not after:
+        return None
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    steps = next((v for k, v in delta.items() if k.startswith("jaxllm:engine_steps")), 0.0)
+    if steps <= 0:
+        return None
+    out = {"steps": steps}
+    for key, v in delta.items():
+        name, _, labels = key.partition("{")
+        if name.startswith("jaxllm:step_device_wait"):
+            out["device_wait_ms"] = round(1e3 * v / steps, 4)
+        elif name.startswith("jaxllm:step_host") and 'phase="' in labels:
+            phase = labels.split('phase="', 1)[1].split('"', 1)[0]
+            out[f"{phase}_ms"] = round(1e3 * v / steps, 4)
     return out
 
 
@@ -452,25 +481,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             name: random_requests(n, args.input_len, args.output_len, vocab, 0.0, args.seed + k)
             for k, name in enumerate(RUNS)
         }
+        steps0 = step_metrics(args.base_url)
         free_t, free_s = load(base["free"], args.concurrency)
-        runs["free"] = {"metrics": serving_metrics(free_t, free_s)}
+        steps1 = step_metrics(args.base_url)
+        runs["free"] = {"metrics": serving_metrics(free_t, free_s), "per_step": per_step_ms(steps0, steps1)}
         reqs, schema_of = mixed_requests(
             base["mixed"], schemas, args.structured_fraction, f"run-{tag}", args.disable_any_whitespace
         )
         before = grammar_metrics(args.base_url)
+        steps0 = step_metrics(args.base_url)
         mixed_t, mixed_s = load(reqs, args.concurrency)
+        steps1 = step_metrics(args.base_url)
         server_metrics = metrics_delta(before, grammar_metrics(args.base_url))
         free_rows = [i for i in range(n) if i not in schema_of]
         runs["mixed"] = {
             "metrics": serving_metrics(mixed_t, mixed_s),
+            "per_step": per_step_ms(steps0, steps1),
             "groups": {
                 "free": group_metrics(mixed_t, free_rows, mixed_s),
                 "constrained": group_metrics(mixed_t, constrained, mixed_s),
             },
         }
+        steps0 = step_metrics(args.base_url)
         matched_t, matched_s = load(matched_requests(base["matched"], mixed_t, schema_of), args.concurrency)
+        steps1 = step_metrics(args.base_url)
         runs["matched"] = {
             "metrics": serving_metrics(matched_t, matched_s),
+            "per_step": per_step_ms(steps0, steps1),
             "groups": {
                 "free": group_metrics(matched_t, free_rows, matched_s),
                 "constrained": group_metrics(matched_t, constrained, matched_s),

@@ -17,6 +17,9 @@ from types import MappingProxyType
 # model and sampler on the device (runner.dispatch), and reading the tokens back (after the wait) and
 # turning them into request outputs (scheduler update, stop checks, detokenizing).
 STEP_HOST_PHASES = ("schedule", "dispatch", "process")
+# With them, the runner's token-rules thread, beside the step thread: grammars consuming the token in
+# flight, masks filled, the sampler enqueued (jaxllm/runner/model_runner.py).
+HOST_PHASES = (*STEP_HOST_PHASES, "token_rules")
 
 # Upper bounds (inclusive) of the tokens-per-step histogram's buckets, as vLLM's iteration_tokens_total.
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -38,7 +41,7 @@ class EngineStats:
     num_compiling_in_background: int = 0  # sampler variants still compiling after ready (start-up only)
     num_steps: int = 0  # cumulative device steps collected
     step_device_wait_s: float = 0.0  # cumulative seconds the step thread waited on the device's results
-    # cumulative seconds of the step thread's host work, by phase (STEP_HOST_PHASES); read-only
+    # cumulative seconds of host work, by phase (HOST_PHASES); read-only
     step_host_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # Engine steps by tokens scheduled: one count per ITERATION_TOKEN_BUCKETS bound, then one for larger
     # steps (+Inf); not cumulative across buckets. Empty where nobody counts steps (offline LLMEngine).

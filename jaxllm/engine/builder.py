@@ -195,6 +195,7 @@ def _build_runner(
         kv_sharding=tp.kv_sharding,
         executable_cache=executables,
         grammar_compiler=grammar_compiler(loaded),
+        mesh=tp.mesh,
     )
 
 

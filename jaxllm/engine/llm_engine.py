@@ -246,7 +246,7 @@ class LLMEngine:
             timing.add("dispatch", clock() - t1)
         current = self._inflight
         self._inflight = None
-        if overlap and current.sampled is not None and self._can_overlap():
+        if overlap and current.samples and self._can_overlap():
             t0 = clock()
             nxt = self._schedule()
             t1 = clock()

@@ -16,8 +16,11 @@ engine dispatches step N+1 before collecting N; N+1's decode rows whose input N 
 it from N's sampled ids on the device (`prev_src`).
 
 Rows with token rules (structured outputs, allowed_token_ids, logit_bias, bad words) get their bitmask
-filled while the forward pass runs too; under async scheduling their grammar first consumes the token the
-previous step drew for them, read back from the device (that sampler has finished by then).
+filled while the forward pass runs too. Under async scheduling a grammar must first consume the token the
+previous step is still drawing for its row, so the mask waits for that step to finish: a token-rules
+thread reads the token back, fills the masks and enqueues the sampler, while the step thread collects the
+previous step and schedules the next (filling the masks in line kept the step thread from both, one
+fill per step on the engine's critical path). The next dispatch waits for that thread first.
 
 Which executable runs each bucket and sampler variant, and compiling them ahead, is compiler.py's.
 """
@@ -26,12 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxllm.layers.attention_metadata import AttentionMetadata
+from jaxllm.parallel.mesh import mesh_context
 from jaxllm.runner import kv_cache as kvc
 from jaxllm.runner.buckets import BucketPlan
 from jaxllm.runner.compiler import StepCompiler
@@ -39,7 +44,12 @@ from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, unpack
 from jaxllm.runner.request_state import RequestState, RequestStates
 from jaxllm.runner.sampler import SamplerFlags, sample
-from jaxllm.runner.sampling_metadata import MAX_LOGPROBS, build_sampling_metadata
+from jaxllm.runner.sampling_metadata import (
+    MAX_LOGPROBS,
+    apply_token_rules,
+    build_sampling_metadata,
+    token_rules_rows,
+)
 from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
 from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
 from jaxllm.structured_output.token_constraint import TokenConstraint
@@ -57,6 +67,21 @@ class InFlightStep:
     sampled: object = None  # device SamplerOutput; None when nothing was scheduled
     ids: jax.Array | None = None  # i32[ids_width] sampled ids on the device (the next step's prev_ids)
     rows: dict[str, int] = dataclasses.field(default_factory=dict)  # request id -> row in `ids`
+    # The sampler's dispatch when it waits on the token-rules thread for its masks; resolves to
+    # (sampled, ids)
+    token_rules: Future | None = None
+
+    @property
+    def samples(self) -> bool:
+        """Whether the step samples anything (results to collect)."""
+        return self.sampled is not None or self.token_rules is not None
+
+    def wait_dispatched(self) -> None:
+        """Until the sampler is enqueued (`sampled` and `ids` set); raises what the token-rules thread
+        raised."""
+        if self.token_rules is not None:
+            self.sampled, self.ids = self.token_rules.result()
+            self.token_rules = None
 
 
 @dataclasses.dataclass
@@ -93,6 +118,7 @@ class ModelRunner:
         kv_sharding=None,
         executable_cache: ExecutableCache | None = None,
         grammar_compiler=None,
+        mesh=None,
     ):
         self.module = module
         self.params = params
@@ -109,6 +135,8 @@ class ModelRunner:
             growth=bucket_growth,
         )
         self.kv_sharding = kv_sharding
+        self.mesh = mesh  # the tensor-parallel mesh the steps run under (None: one device)
+        self._token_rules_pool: ThreadPoolExecutor | None = None
         # Penalty history (prompt + output ids) has one static width, so penalties never add a variant.
         self.history_width = 1 << max(6, (max_model_len - 1).bit_length())
         self.kv_caches: list | None = None
@@ -253,6 +281,8 @@ class ModelRunner:
         out = ModelRunnerOutput(req_ids=[sr.req_id for sr in scheduled])
         if not scheduled:
             return InFlightStep(sched, out)
+        if prev is not None:
+            prev.wait_dispatched()  # its token rules (another thread) are done with the states
         inputs = build_step_inputs(
             scheduled, states, self.plan, self.block_size, prev.rows if prev is not None else None
         )
@@ -282,13 +312,6 @@ class ModelRunner:
             else:
                 rows.append(None)
                 pending.append(0)
-        # Rows whose token rules depend on the tokens drawn so far need the one the previous step is still
-        # sampling (their grammar consumes it before the mask is filled): read those back. The device has finished that sampler by the time
-        # it runs this step's forward pass, which it is doing meanwhile.
-        in_flight_ids = None
-        if constrained:
-            prev_ids = np.asarray(jax.device_get(prev.ids))
-            in_flight_ids = {i: [int(prev_ids[prev.rows[scheduled[i].req_id]])] for i in constrained}
         flags = SamplerFlags.for_rows(rows, MAX_LOGPROBS, self.vocab_size)
         if flags.do_penalties and any(pending):
             raise ValueError(
@@ -301,18 +324,48 @@ class ModelRunner:
             history_width=self.history_width,
             flags=flags,
             pending=pending,
-            in_flight_ids=in_flight_ids,
+            token_rules=False,
         )
-        sampled, ids = self._sample_step(logits, smd, flags)
-        return InFlightStep(sched, out, states, sampled, ids, rows_of)
+        step = InFlightStep(sched, out, states, rows=rows_of)
+        if not constrained:
+            apply_token_rules(smd, token_rules_rows(rows))
+            step.sampled, step.ids = self._sample_step(logits, smd, flags)
+            return step
+        # Rows whose token rules depend on the tokens drawn so far need the one the previous step is still
+        # sampling: its grammar consumes it before the row's mask is filled. Reading it back waits for the
+        # previous step to finish; the token-rules thread does that wait, the fill and the sampler's
+        # dispatch, while this thread goes on to collect the previous step and schedule the next.
+        src = {i: prev.rows[scheduled[i].req_id] for i in constrained}
+        rules = token_rules_rows(rows, copy=True)  # the step thread appends to the live lists meanwhile
+        step.token_rules = self._token_rules_thread().submit(
+            self._sample_after_token_rules, logits, smd, flags, rules, prev.ids, src
+        )
+        return step
+
+    def _token_rules_thread(self) -> ThreadPoolExecutor:
+        if self._token_rules_pool is None:
+            self._token_rules_pool = ThreadPoolExecutor(1, thread_name_prefix="jaxllm-token-rules")
+        return self._token_rules_pool
+
+    def _sample_after_token_rules(self, logits, smd, flags, rules, prev_ids, src: dict[int, int]):
+        """On the token-rules thread: wait for the previous step's sampled ids, fill the token rules with
+        them and enqueue the sampler (after the forward pass the step thread enqueued)."""
+        ids = np.asarray(jax.device_get(prev_ids))  # the previous sampler has finished
+        t0 = time.perf_counter()
+        apply_token_rules(smd, rules, {i: [int(ids[j])] for i, j in src.items()})
+        with mesh_context(self.mesh):
+            sampled = self._sample_step(logits, smd, flags)
+        self.timing.add("token_rules", time.perf_counter() - t0)
+        return sampled
 
     def collect(self, step: InFlightStep) -> ModelRunnerOutput:
         """Wait for a dispatched step, read its sampled tokens (and logprobs) back to the host and append
         them to the requests' states."""
         out = step.out
-        if step.sampled is None:
+        if not step.samples:
             return out
         t_wait = time.perf_counter()
+        step.wait_dispatched()
         result = jax.device_get(step.sampled)
         self.timing.steps += 1
         self.timing.wait_s += time.perf_counter() - t_wait

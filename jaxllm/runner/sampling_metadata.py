@@ -39,6 +39,7 @@ from jaxllm.sampling_params import SamplingParams
 from jaxllm.structured_output.token_constraint import (
     TokenConstraint,
     bias_arrays,
+    bitmask_width,
     fill_token_bitmask,
 )
 
@@ -177,16 +178,64 @@ def seed_key_data(seed: int) -> tuple[int, int]:
     return (seed >> 32) & _U32, seed & _U32
 
 
-def _suppressed(row: SamplingRow, num_output: int, in_flight: Sequence[int]) -> list[int]:
+def _min_tokens_suppressed(row: SamplingRow, num_output: int) -> list[int]:
     p = row.params
     ids = []
     if num_output < p.min_tokens:
         ids += p.stop_token_ids or []
         if not p.ignore_eos:
             ids += row.eos_token_ids
-    if row.constraint is not None and (row.constraint.bad_single or row.constraint.bad_multi):
-        ids += row.constraint.banned_ids(row.output_token_ids, in_flight)
     return sorted(set(ids)) if ids else ids
+
+
+def _max_banned(row: SamplingRow | None) -> int:
+    """At most how many ids a row's bad words ban at one step (the suppression width is reserved for them
+    before the tokens they depend on are known)."""
+    c = None if row is None else row.constraint
+    return 0 if c is None else len(c.bad_single) + len(c.bad_multi)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRulesRow:
+    """One row whose token rules (grammar, allowed ids, bad words) `apply_token_rules` fills in: its
+    constraint and its output ids as of the step's dispatch (a copy, when the rules are applied on
+    another thread while the step thread appends to the live list)."""
+
+    row: int
+    constraint: TokenConstraint
+    output_token_ids: Sequence[int]
+
+
+def token_rules_rows(rows: Sequence[SamplingRow | None], *, copy: bool = False) -> list[TokenRulesRow]:
+    return [
+        TokenRulesRow(i, r.constraint, tuple(r.output_token_ids) if copy else r.output_token_ids)
+        for i, r in enumerate(rows)
+        if r is not None and r.constraint is not None
+    ]
+
+
+def apply_token_rules(
+    md: SamplingMetadata,
+    rules: Sequence[TokenRulesRow],
+    in_flight_ids: dict[int, Sequence[int]] | None = None,
+) -> None:
+    """Fills in what depends on the tokens drawn so far, in place: each grammar consumes the tokens it has
+    not seen (`in_flight_ids[row]`: those the device is still sampling, after the collected ones), then
+    the rows' bitmasks (grammar AND allowed_token_ids) and the ids bad words ban next, appended to
+    the row's suppressed ids (their width reserved by `build_sampling_metadata`)."""
+    in_flight_ids = in_flight_ids or {}
+    if md.token_bitmask.shape[1]:
+        for r in rules:
+            r.constraint.advance(r.output_token_ids, in_flight_ids.get(r.row, ()))
+        fill_token_bitmask(md.token_bitmask, {r.row: r.constraint for r in rules})
+    for r in rules:
+        c = r.constraint
+        if not (c.bad_single or c.bad_multi):
+            continue
+        banned = c.banned_ids(r.output_token_ids, in_flight_ids.get(r.row, ()))
+        row = md.suppress_ids[r.row]
+        free = int(np.count_nonzero(row >= 0))
+        row[free : free + len(banned)] = banned
 
 
 def build_sampling_metadata(
@@ -198,6 +247,7 @@ def build_sampling_metadata(
     flags: SamplerFlags | None = None,
     pending: Sequence[int] | None = None,
     in_flight_ids: dict[int, list[int]] | None = None,
+    token_rules: bool = True,
 ) -> SamplingMetadata:
     """Pads `rows` (None: a row that samples nothing this step) to `num_rows_padded` rows.
 
@@ -208,7 +258,9 @@ def build_sampling_metadata(
     len(output_token_ids) + pending[i] (its random key and min_tokens count from there).
     `in_flight_ids[i]`: the values of row i's pending tokens, which a row with token rules needs (its
     grammar consumes them before its mask is filled; a bad word may end with them); the runner reads them
-    back from the previous step for those rows only."""
+    back from the previous step for those rows only. `token_rules=False` leaves those rules (bitmask rows
+    all set, no bad words banned) for `apply_token_rules`, which a caller runs once the in-flight
+    tokens are known."""
     n = len(rows)
     if num_rows_padded < n:
         raise ValueError(f"num_rows_padded={num_rows_padded} must be >= the number of rows ({n})")
@@ -249,12 +301,10 @@ def build_sampling_metadata(
         key_data[:n, 0] = seeds >> np.uint64(32)
         key_data[:n, 1] = seeds & np.uint64(_U32)
 
-    in_flight_ids = in_flight_ids or {}
-    suppress = [
-        [] if row is None else _suppressed(row, num_out[i], in_flight_ids.get(i, ()))
-        for i, row in enumerate(rows)
-    ]
-    width = _next_pow2(max((len(s) for s in suppress), default=0), _MIN_SUPPRESS_WIDTH)
+    suppress = [[] if row is None else _min_tokens_suppressed(row, num_out[i]) for i, row in enumerate(rows)]
+    width = _next_pow2(
+        max((len(s) + _max_banned(rows[i]) for i, s in enumerate(suppress)), default=0), _MIN_SUPPRESS_WIDTH
+    )
     suppress_ids = np.full((S, width), -1, np.int32)
     for i, ids in enumerate(suppress):
         if ids:
@@ -280,17 +330,13 @@ def build_sampling_metadata(
 
     do_mask = flags.do_token_mask if flags is not None else SamplerFlags.for_rows(rows).do_token_mask
     if do_mask:
-        constraints = [None if row is None else row.constraint for row in rows]
-        for i, c in enumerate(constraints):
-            if c is not None and c.matcher is not None:
-                c.advance(rows[i].output_token_ids, in_flight_ids.get(i, ()))
-        token_bitmask = fill_token_bitmask(constraints, S, vocab_size)
+        token_bitmask = np.full((S, bitmask_width(vocab_size)), -1, np.int32)
         bias_ids, bias_values = bias_arrays([None if p is None else p.logit_bias for p in params], S)
     else:
         token_bitmask = np.zeros((S, 0), np.int32)
         bias_ids, bias_values = np.zeros((S, 0), np.int32), np.zeros((S, 0), np.float32)
 
-    return SamplingMetadata(
+    md = SamplingMetadata(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -308,3 +354,6 @@ def build_sampling_metadata(
         bias_ids=bias_ids,
         bias_values=bias_values,
     )
+    if token_rules:
+        apply_token_rules(md, token_rules_rows(rows), in_flight_ids)
+    return md

@@ -41,7 +41,7 @@ from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import RequestOutputKind
 from jaxllm.server.http_metrics import HTTPMetrics
 from jaxllm.server.vllm_metrics import VllmTwins, vllm_histogram_bounds, with_vllm_bounds
-from jaxllm.stats import ITERATION_TOKEN_BUCKETS, STEP_HOST_PHASES
+from jaxllm.stats import HOST_PHASES, ITERATION_TOKEN_BUCKETS
 
 logger = logging.getLogger("jaxllm.server")
 
@@ -141,11 +141,12 @@ class _EngineStatsCollector:
             "jaxllm:step_host_seconds",
             "Seconds of the engine's step thread spent on host work, by phase: schedule (building the "
             "batch), dispatch (building the step's inputs and enqueueing the model and sampler), process "
-            "(reading the tokens back and making request outputs). Per step, against the device's step "
+            "(reading the tokens back and making request outputs); token_rules, on a thread of its own beside "
+            "them, fills the masks of rows under structured outputs. Per step, against the device's step "
             "time, they say which host phase holds a host-bound engine back.",
             labels=["model_name", "phase"],
         )
-        for phase in STEP_HOST_PHASES:
+        for phase in HOST_PHASES:
             host.add_metric([self.model_name, phase], s.step_host_s.get(phase, 0.0))
         yield host
         yield _iteration_histogram(s.iteration_tokens_buckets, s.iteration_tokens_sum, self.model_name)

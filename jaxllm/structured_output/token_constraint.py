@@ -3,7 +3,7 @@
     SamplingParams (+ CompiledGrammar, bad words as token ids) --TokenConstraint.create--> per request
     each sampling step, for the rows that have one:
       advance(output ids, the token still in flight) -> the grammar matcher consumes what it has not seen
-      fill_token_bitmask(rows) -> i32[S, W] bitmask, bit t of row r set = token t allowed
+      fill_token_bitmask(mask, rows)        -> i32[S, W] bitmask, bit t of row r set = token t allowed
                                   (grammar rows filled together on llguidance's threads; AND allowed_token_ids)
       banned_ids(...) -> bad words that the next token would complete (into the sampler's suppressed ids)
     logit_bias -> bias_arrays(rows) -> (ids i32[S, L], values f32[S, L]), added before any other step
@@ -18,7 +18,7 @@ rest of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,25 +120,18 @@ class TokenConstraint:
         return out
 
 
-def fill_token_bitmask(
-    constraints: Sequence[TokenConstraint | None],  # per row (None: free row)
-    num_rows_padded: int,  # S
-    vocab_size: int,
-) -> np.ndarray:  # i32[S, W]
-    """The step's bitmask: every bit set on free rows, the grammar's next-token mask AND allowed_token_ids on
-    constrained ones. The grammar rows are filled together by llguidance, in parallel and without the GIL."""
-    mask = np.full((num_rows_padded, bitmask_width(vocab_size)), -1, np.int32)
-    grammar_rows = [
-        (c.matcher, i) for i, c in enumerate(constraints) if c is not None and c.matcher is not None
-    ]
+def fill_token_bitmask(mask: np.ndarray, constraints: Mapping[int, TokenConstraint]) -> None:
+    """Fills the step's bitmask (i32[S, W], every bit set) in place: row r of `constraints` gets its
+    grammar's next-token mask AND its allowed_token_ids; the other rows (free) keep every bit. The grammar
+    rows are filled together by llguidance, in parallel and without the GIL."""
+    grammar_rows = [(c.matcher, i) for i, c in constraints.items() if c.matcher is not None]
     if grammar_rows:
         import llguidance.numpy
 
         llguidance.numpy.fill_next_token_bitmask_par(_ll_executor(), grammar_rows, mask)
-    for i, c in enumerate(constraints):
-        if c is not None and c.allowed is not None:
+    for i, c in constraints.items():
+        if c.allowed is not None:
             mask[i] &= c.allowed
-    return mask
 
 
 def bias_arrays(

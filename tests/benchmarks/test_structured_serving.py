@@ -183,3 +183,22 @@ def test_the_whole_run_on_the_cpu(tmp_path):
         len(res["compile"]["probe"]["per_schema"]) == 1
         and len(res["compile"]["in_run"]["per_schema_ms"]) == 1
     )
+    # Each run's per-step attribution: the mixed run's masks are filled on the token-rules thread, the
+    # other two fill none.
+    per = {k: runs[k]["per_step"] for k in ss.RUNS}
+    assert all(p["steps"] > 0 and p["dispatch_ms"] > 0 for p in per.values()), per
+    assert per["mixed"]["token_rules_ms"] > 0 and per["free"]["token_rules_ms"] == 0, per
+
+
+def test_per_step_ms():
+    before = {
+        'jaxllm:engine_steps_total{m="a"}': 10.0,
+        'jaxllm:step_host_seconds_total{m="a",phase="dispatch"}': 1.0,
+    }
+    after = {
+        'jaxllm:engine_steps_total{m="a"}': 110.0,
+        'jaxllm:step_host_seconds_total{m="a",phase="dispatch"}': 1.2,
+        'jaxllm:step_device_wait_seconds_total{m="a"}': 0.5,
+    }
+    assert ss.per_step_ms(before, after) == {"steps": 100.0, "dispatch_ms": 2.0, "device_wait_ms": 5.0}
+    assert ss.per_step_ms(before, before) is None and ss.per_step_ms(None, after) is None

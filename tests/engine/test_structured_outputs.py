@@ -161,3 +161,27 @@ def test_logit_bias_allowed_ids_and_bad_words(engines):
         llm.generate(
             None, SamplingParams(structured_outputs=SO(regex="(")), prompt_token_ids=prompt, use_tqdm=False
         )
+
+
+def test_bad_word_of_two_tokens_async_equals_sync(engines):
+    """A bad word of two tokens [x, x]: with x pushed up, x never follows x, so greedy alternates x with the
+    runner-up; under async scheduling the ban needs the x still in flight, read back from the device."""
+    sync_llm, async_llm = engines
+    tok = sync_llm.get_tokenizer()
+    word, wid = next(
+        (w, i)
+        for w, i in sorted(tok.get_vocab().items(), key=lambda x: x[1])
+        if w.isascii()
+        and w.isalpha()
+        and len(w) > 2
+        and tok.encode(w + w, add_special_tokens=False) == [i, i]
+    )
+    params = SamplingParams(
+        temperature=0.0, max_tokens=12, ignore_eos=True, logit_bias={wid: 100}, bad_words=[word + word]
+    )
+    prompt = [[7, 8, 9, 10]]
+    (sync,) = _generate(sync_llm, prompt, params)
+    (asyn,) = _generate(async_llm, prompt, params)
+    assert sync == asyn
+    ids = sync[0]
+    assert ids[0::2] == [wid] * 6 and wid not in ids[1::2], ids

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxllm.sampling_params import StructuredOutputsParams as SO
-from jaxllm.structured_output import GrammarCompiler, TokenConstraint, fill_token_bitmask
+from jaxllm.structured_output import GrammarCompiler, TokenConstraint, bitmask_width, fill_token_bitmask
 from jaxllm.structured_output.grammar import _no_additional_properties
 from jaxllm.tokenizer import load_embedded_tokenizer
 
@@ -26,7 +26,8 @@ def compiler(tok):
 
 
 def _allowed(constraint: TokenConstraint, vocab: int = 49152) -> set[int]:
-    mask = fill_token_bitmask([constraint], 1, vocab)
+    mask = np.full((1, bitmask_width(vocab)), -1, np.int32)
+    fill_token_bitmask(mask, {0: constraint})
     return set(np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:vocab]).tolist())
 
 
