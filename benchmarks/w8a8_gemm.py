@@ -13,7 +13,8 @@ Timed, as in gemm_shapes.py: one jitted function runs the product for L layers b
 own weights and input (L x the weight bytes exceeds L2, so weights stream from HBM); time per layer =
 median over --reps calls of the wall time to block_until_ready / L. bf16: x @ w [K, N]. W8A8: the layer's
 whole path (per-token activation quantization, the 8-bit dot, both scales), on weights quantized from the
-same bf16 ones (quantize.py). Before timing, layer 0's output is checked against the plain-jnp
+same bf16 ones (quantize.py); "-weight-only": the layer's decode-batch path (activations unquantized, the
+8-bit weight converted inside the GEMM). Before timing, layer 0's output is checked against the plain-jnp
 dequantize-then-dot reference (max relative error).
 """
 
@@ -37,6 +38,8 @@ SCHEMES = {
     "fp8": QuantScheme(method="fp8", weights="fp8", activations="fp8"),
     "int8": QuantScheme(method="compressed-tensors", weights="int8", activations="int8"),
 }
+# "<kind>-weight-only": the same leaves, activations left unquantized (what decode batches run on the GPU)
+KINDS = [*SCHEMES, *(f"{k}-weight-only" for k in SCHEMES)]
 GEMM_CALLS = ("cublas$lt$matmul$f8", "cublas$lt$matmul", "cublas$gemm", "__triton_gemm", "triton")
 
 
@@ -66,19 +69,23 @@ def _time(fn, args, warmup: int, reps: int) -> float:
 
 
 def measure(k: int, n: int, m: int, kind: str, layers: int, warmup: int, reps: int, seed: int = 0) -> dict:
-    scheme = SCHEMES[kind]
+    weight_only = kind.endswith("-weight-only")
+    base = kind.removesuffix("-weight-only")
+    scheme = SCHEMES[base]
     key = jax.random.key(seed)
     kx, kw = jax.random.split(key)
     xs = jax.random.normal(kx, (layers, m, k), jnp.float32).astype(jnp.bfloat16)
     ws = (jax.random.normal(kw, (layers, k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
-    quantize = quantize_fp8 if kind == "fp8" else (lambda w: quantize_int8(w, w8a8=True))
+    quantize = quantize_fp8 if base == "fp8" else (lambda w: quantize_int8(w, w8a8=True))
     qs = jax.vmap(quantize)(ws)  # each leaf with a leading layer axis
 
     def dense_all(xs, ws):
         return [xs[i] @ ws[i] for i in range(layers)]
 
     def quant_all(xs, qs):
-        return [quantized_matmul(xs[i], layer(qs, i), scheme) for i in range(layers)]
+        return [
+            quantized_matmul(xs[i], layer(qs, i), scheme, w8a8_weight_only=weight_only) for i in range(layers)
+        ]
 
     # compiled once: the same executables are checked, timed and named by the GEMM they call
     dense_fn = jax.jit(dense_all).lower(xs, ws).compile()
@@ -103,7 +110,10 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--tokens", default="1,16,64,256,2048")
-    p.add_argument("--kinds", default="fp8,int8", help=f"comma-separated, from {', '.join(SCHEMES)}")
+    p.add_argument("--kinds", default="fp8,int8", help=f"comma-separated, from {', '.join(KINDS)}")
+    p.add_argument(
+        "--shapes", default=None, help="comma-separated KxN (default: every projection of the model)"
+    )
     p.add_argument("--layers", type=int, default=8, help="layers per timed call (weights stream from HBM)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=20)
@@ -113,6 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     arch = arch_for_model(args.model)
     shapes = sorted({(k, n) for k, widths in groups(arch).values() for n in [sum(widths)]})
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     for kind in args.kinds.split(","):
         for k, n in shapes:

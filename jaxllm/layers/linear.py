@@ -9,6 +9,11 @@ the scheme's leaves (jaxllm/quantization/scheme.py) and computes:
                       (fp8: cuBLASLt's FP8 GEMM on Hopper; int8: an int32 GEMM) ->
                       * s_x[:, None] * weight_scale[None, :]. The FP8 GEMM takes both operands with K
                       contiguous; a [K, N] weight would cost a transpose of the whole weight per call.
+                      At decode batch sizes (up to W8A8_WEIGHT_ONLY_MAX_ROWS tokens, on the GPU) the GEMM
+                      is bound by reading the weight, and the per-token quantization's extra kernels cost
+                      more than the 8-bit arithmetic saves: x stays in its dtype and the 8-bit weight is
+                      converted in the GEMM (XLA fuses the convert into its Triton GEMM's operand load),
+                      so the bytes read still halve; * weight_scale after.
   W8A16               per-channel: dot(x, qweight as x.dtype) * scales (the scale after the GEMM, which
                       XLA fuses with the convert); grouped: dequantize, then dot
   W4A16               the Pallas GEMM (jaxllm/kernels/w4a16_matmul.py) for small batches on the GPU, which
@@ -61,11 +66,24 @@ def quantize_activations(x: jax.Array, kind: str, input_scale: jax.Array | None)
     return xs.astype(qdtype), s
 
 
-def quantized_matmul(x: jax.Array, params: dict, scheme: QuantScheme, use_kernel: bool = False) -> jax.Array:
-    """y [T, N] = x [T, K] @ the layer's weight, in x's dtype."""
+def w8a8_weight_only_matmul(x: jax.Array, params: dict) -> jax.Array:
+    """y [T, N] = x [T, K] . the W8A8 layer's dequantized weight, x not quantized: the 8-bit qweight [N, K]
+    converted to x's dtype (contracting the last axis of both), then the per-channel weight_scale."""
+    dtype = x.dtype
+    y = jax.lax.dot_general(x, params["qweight"].astype(dtype), (((x.ndim - 1,), (1,)), ((), ())))
+    return y * params["weight_scale"].astype(dtype)[None, :]
+
+
+def quantized_matmul(
+    x: jax.Array, params: dict, scheme: QuantScheme, use_kernel: bool = False, w8a8_weight_only: bool = False
+) -> jax.Array:
+    """y [T, N] = x [T, K] @ the layer's weight, in x's dtype. `w8a8_weight_only`: a W8A8 layer leaves x
+    unquantized (decode batches on the GPU, see the module docstring)."""
     dtype = x.dtype
     if "perm" in params:
         x = jnp.take(x, params["perm"], axis=-1)
+    if not scheme.weight_only and w8a8_weight_only:
+        return w8a8_weight_only_matmul(x, params)
     if not scheme.weight_only:
         xq, sx = quantize_activations(x, scheme.activations, params.get("input_scale"))
         acc_type = jnp.int32 if scheme.activations == "int8" else jnp.float32
@@ -97,13 +115,18 @@ def w4a16_kernel_fits(params: dict) -> bool:
 # Rows up to which the W4A16 Pallas GEMM beats dequantize-then-dot (decode batches); above it the
 # dequantized tile is reused by enough rows that XLA's GEMM wins.
 W4A16_KERNEL_MAX_ROWS = 256
+# Rows up to which a W8A8 layer on the GPU leaves the activations unquantized (decode batches, where the
+# GEMM reads the weight once and the activation quantization's kernels are overhead).
+W8A8_WEIGHT_ONLY_MAX_ROWS = 64
 
 
 class QuantizedLinear(nn.Module):
     features: int
     quant: QuantScheme
     use_bias: bool = False
-    use_kernels: bool = False  # the W4A16 Pallas GEMM may run (a GPU attention backend, no mesh)
+    # on the GPU (a GPU attention backend): the W4A16 Pallas GEMM may run (no mesh), W8A8 decode batches
+    # leave the activations unquantized
+    use_kernels: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [T, K] -> [T, N]
@@ -116,7 +139,8 @@ class QuantizedLinear(nn.Module):
         # the Pallas GEMM sees whole arrays: under a tensor-parallel mesh XLA's partitioner, which cannot
         # split a custom call, would gather every shard's weight to each device, so a mesh dequantizes
         use_kernel = self.use_kernels and x.shape[0] <= W4A16_KERNEL_MAX_ROWS and current_tp_mesh() is None
-        y = quantized_matmul(x, params, self.quant, use_kernel)
+        weight_only = self.use_kernels and x.shape[0] <= W8A8_WEIGHT_ONLY_MAX_ROWS
+        y = quantized_matmul(x, params, self.quant, use_kernel, weight_only)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32).astype(
                 y.dtype

@@ -124,6 +124,49 @@ def test_quantized_matmul_matches_dequantize_then_matmul(layout, dtype_name):
         assert np.max(np.abs(wrong - want)[1:] / size[1:]) > 10 * rel
 
 
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+@pytest.mark.parametrize("layout", ["int8 W8A8 dynamic", "fp8 W8A8 static"])
+def test_w8a8_weight_only_is_x_times_the_dequantized_weight(layout, dtype_name):
+    """The decode-batch path of a W8A8 layer leaves x unquantized: x @ the layer's weight up to the dtype's
+    rounding, where the W8A8 path's per-token 8-bit activations are further off (the check can fail)."""
+    dtype, rel = DTYPES[dtype_name]
+    scheme = LAYOUTS[layout]
+    rng = np.random.default_rng(11)
+    params = random_params(rng, scheme, dtype)
+    x = jnp.asarray(rng.standard_normal((T, K)), dtype)
+    y = quantized_matmul(x, params, scheme, w8a8_weight_only=True)
+    assert y.dtype == dtype and y.shape == (T, N)
+    xf = np.asarray(x.astype(jnp.float32), np.float64)
+    w = ref_weight(params, scheme)
+    want, size = xf @ w, np.abs(xf) @ np.abs(w)
+    err = np.abs(np.asarray(y.astype(jnp.float32), np.float64) - want)
+    assert np.all(err <= 2 * rel * size), f"worst {np.max(err / size)}"
+    if dtype == jnp.float32:
+        w8a8 = np.asarray(quantized_matmul(x, params, scheme), np.float64)
+        assert np.max(np.abs(w8a8 - want) / size) > 100 * rel
+
+
+@pytest.mark.parametrize("use_kernels", [False, True])
+def test_quantized_linear_leaves_decode_batches_unquantized_on_the_gpu(use_kernels, monkeypatch):
+    """With use_kernels (a GPU backend) a W8A8 layer takes the weight-only path up to
+    W8A8_WEIGHT_ONLY_MAX_ROWS tokens and quantizes activations above; without, it always quantizes."""
+    from jaxllm.layers import linear as linear_mod
+
+    monkeypatch.setattr(linear_mod, "W8A8_WEIGHT_ONLY_MAX_ROWS", T)
+    scheme = LAYOUTS["fp8 W8A8 dynamic"]
+    layer = QuantizedLinear(N, scheme, use_kernels=use_kernels)
+    rng = np.random.default_rng(12)
+    params = random_params(rng, scheme, jnp.float32)
+    for rows in (T, T + 1):
+        x = jnp.asarray(rng.standard_normal((rows, K)), jnp.float32)
+        y = np.asarray(layer.apply({"params": params}, x))
+        weight_only = use_kernels and rows <= T
+        want = quantized_matmul(x, params, scheme, w8a8_weight_only=weight_only)
+        other = quantized_matmul(x, params, scheme, w8a8_weight_only=not weight_only)
+        np.testing.assert_allclose(y, np.asarray(want), rtol=1e-6, atol=1e-9)
+        assert not np.allclose(y, np.asarray(other), rtol=1e-3, atol=1e-6)
+
+
 @pytest.mark.parametrize("layout", ["int4 g64 act-order", "int8 W8A16 g64", "fp8 W8A8 dynamic"])
 def test_dequantize_is_the_layout(layout):
     scheme = LAYOUTS[layout]
