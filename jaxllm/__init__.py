@@ -5,11 +5,22 @@ llm = LLM()  # the embedded SmolLM2-135M-Instruct
 print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0].outputs[0].text)
 """
 
-from jaxllm.outputs import CompletionOutput, RequestOutput
+from jaxllm.outputs import Captures, CompletionOutput, RequestOutput
+from jaxllm.research_params import ResearchParams, Steer
 from jaxllm.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = [
+    "LLM",
+    "EngineArgs",
+    "SamplingParams",
+    "ResearchParams",
+    "Steer",
+    "RequestOutput",
+    "CompletionOutput",
+    "Captures",
+    "__version__",
+]
 
 
 def __getattr__(name: str):

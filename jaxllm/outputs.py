@@ -23,6 +23,16 @@ PositionLogprobs = dict[int, Logprob]
 
 
 @dataclass(slots=True)
+class Captures:
+    """Activations a request captured (SamplingParams.research): `arrays[site]` holds one row per entry
+    of `positions` (the model's input positions, ascending), [P, H] in the model's dtype, f32[P, V] for
+    "logits"."""
+
+    positions: list[int]
+    arrays: dict  # site name -> np.ndarray
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     """One sample. DELTA: `text`, `token_ids` and `logprobs` are what is new since this sample's previous
     output, and `finish_reason` is set in the one output that reports the end; a DELTA RequestOutput lists
@@ -35,6 +45,7 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None = None  # one per token of `token_ids`
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    captures: Captures | None = None  # research captures (DELTA: the positions new since the last output)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

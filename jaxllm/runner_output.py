@@ -24,3 +24,5 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)  # requests that asked, P = 1
     prompt_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)  # the chunk's positions
+    # research: request id -> site name -> (positions, array [P, H] or f32[P, V] for logits) of this step
+    captures: dict[str, dict[str, tuple[list[int], np.ndarray]]] = field(default_factory=dict)

@@ -15,6 +15,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from jaxllm.research_params import ResearchParams
+
 _GREEDY_EPS = 1e-5
 _F32_MAX = 3.4e38
 
@@ -99,6 +101,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (before any other step)
     allowed_token_ids: list[int] | None = None  # only these may be drawn
     bad_words: list[str] | None = None  # words that may not be generated (the engine tokenizes them)
+    # activations to capture and steering to apply inside the compiled step (jaxllm/research_params.py)
+    research: ResearchParams | None = None
     stop_list: list[str] = field(init=False, default_factory=list, repr=False)
     # bad_words as token ids, set by the engine, which has the tokenizer (LLMEngine.prepare_request).
     bad_words_token_ids: list[list[int]] = field(init=False, default_factory=list, repr=False)
@@ -124,6 +128,10 @@ class SamplingParams:
                 ) from None
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if isinstance(self.research, dict):
+            self.research = ResearchParams(**self.research)
+        if self.research is not None and not (self.research.capture or self.research.steer):
+            self.research = None
         if self.logit_bias is not None:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}

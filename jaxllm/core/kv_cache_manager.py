@@ -66,8 +66,11 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Cached blocks holding a prefix of the request's tokens, and how many tokens they cover."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            return [], 0  # prompt logprobs need every prompt position computed
+        params = request.sampling_params
+        if not self.enable_caching or params.prompt_logprobs is not None or params.research is not None:
+            # prompt logprobs and research captures need every prompt position computed; a steered
+            # request's KV is its own
+            return [], 0
         # At most num_tokens - 1 tokens may come from the cache: the last one must be computed.
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
@@ -138,8 +141,9 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request) -> None:
         """Register the request's blocks that are full of computed tokens."""
-        if not self.enable_caching:
-            return
+        research = request.sampling_params.research
+        if not self.enable_caching or (research is not None and research.steer):
+            return  # steered KV is no other request's prefix
         rid = request.request_id
         # Computed positions whose token ids are known (with async scheduling a step in flight may have
         # computed a position whose token is still being sampled).

@@ -134,6 +134,8 @@ class LLMEngine:
         if self.extra_eos_ids and not params.ignore_eos:
             params = params.clone(stop_token_ids=list(params.stop_token_ids) + self.extra_eos_ids)
         params = self._check_token_rules(params)
+        if params.research is not None:
+            self._check_research(params.research)
         if compile_grammar:
             self.compile_grammar(params)
         room = self.max_model_len - len(ids)
@@ -200,6 +202,18 @@ class LLMEngine:
         self.output_processor.add(parent)
         for c in parent.children:
             self.scheduler.add_request(c.request)
+
+    def _check_research(self, research) -> None:
+        """Raises ValueError naming the field: a model without research sites, a layer or width that does
+        not fit, or research under tensor parallelism or a multi-host step (not built yet)."""
+        arch = self.loaded.arch
+        if not getattr(self.loaded.module, "supports_research", False):
+            raise ValueError(
+                f"research: {arch.architecture or 'this model'} has no research sites (Llama family only)"
+            )
+        if self.tp.mesh is not None or self.step_channel is not None:
+            raise ValueError("research: not served under tensor parallelism or across hosts")
+        research.check_model(arch.num_layers, arch.hidden_size)
 
     def add_request(self, request_id: str, prompt, params: SamplingParams, *, priority: int = 0) -> None:
         self.enqueue(self.prepare_request(request_id, prompt, params, priority=priority))
@@ -292,6 +306,9 @@ class LLMEngine:
         for rid, lp in runner_out.prompt_logprobs.items():
             if rid in op.child_to_parent:
                 op.on_prompt_logprobs(rid, lp)
+        for rid, caps in runner_out.captures.items():
+            if rid in op.child_to_parent:
+                op.on_captures(rid, caps)
         new_tokens = {
             rid: toks for rid, toks in zip(runner_out.req_ids, runner_out.sampled_token_ids) if toks
         }

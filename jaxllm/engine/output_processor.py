@@ -23,8 +23,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from jaxllm.engine.detokenizer import IncrementalDetokenizer, check_stop_strings, stop_holdback_len
-from jaxllm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
+from jaxllm.outputs import (
+    Captures,
+    CompletionOutput,
+    Logprob,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
 from jaxllm.request import Request, RequestStatus
 from jaxllm.runner_output import TokenLogprobs
 from jaxllm.sampling_params import RequestOutputKind
@@ -47,6 +56,10 @@ class ChildState:
     cumulative_logprob: float | None = None
     num_sent_tokens: int = 0  # DELTA: how many output token ids are already in an output
     finish_sent: bool = False  # an output has carried its finish reason
+    # research: site name -> position -> activation row (a recomputed position, after a preemption,
+    # replaces its equal row); None when the request captures nothing
+    captures: dict[str, dict[int, np.ndarray]] | None = None
+    num_sent_positions: int = 0  # DELTA: captured positions already in an output
 
 
 @dataclass(eq=False, slots=True)
@@ -170,6 +183,16 @@ class OutputProcessor:
         if tail:
             child.pieces.append(tail)
 
+    def on_captures(self, child_id: str, captures: dict[str, tuple[list[int], np.ndarray]]) -> None:
+        """One step's captures of a child: per site, (positions, rows)."""
+        _, child = self.child_to_parent[child_id]
+        if child.captures is None:
+            child.captures = {}
+        for site, (positions, rows) in captures.items():
+            by_position = child.captures.setdefault(site, {})
+            for p, row in zip(positions, rows):
+                by_position[p] = row
+
     def make_output(self, parent: ParentState) -> RequestOutput | None:
         """The parent's output now, as its kind asks; None when the kind sends nothing now (FINAL_ONLY
         before the end). Marks the parent finished once every child has."""
@@ -232,7 +255,14 @@ class OutputProcessor:
                 c.finish_sent = True
             outs.append(
                 CompletionOutput(
-                    c.index, text, new_ids, c.cumulative_logprob, logprobs, finish, r.stop_reason
+                    c.index,
+                    text,
+                    new_ids,
+                    c.cumulative_logprob,
+                    logprobs,
+                    finish,
+                    r.stop_reason,
+                    _captures(c, delta=True),
                 )
             )
         return outs
@@ -259,6 +289,7 @@ def _cumulative_completion(c: ChildState) -> CompletionOutput:
         logprobs,
         r.finish_reason,
         r.stop_reason,
+        _captures(c),
     )
 
 
@@ -273,4 +304,23 @@ def _final_completion(c: ChildState) -> CompletionOutput:
         c.logprobs,
         r.finish_reason,
         r.stop_reason,
+        _captures(c),
     )
+
+
+def _captures(c: ChildState, delta: bool = False) -> Captures | None:
+    """The child's captures as arrays by site, one row per position (DELTA: the positions not sent yet)."""
+    if c.captures is None:
+        return None
+    positions = sorted(set().union(*(d.keys() for d in c.captures.values())))
+    if delta:
+        positions = positions[c.num_sent_positions :]
+        c.num_sent_positions += len(positions)
+    arrays = {}
+    for site, by_position in c.captures.items():
+        if positions:
+            arrays[site] = np.stack([by_position[p] for p in positions])
+        else:
+            width = next(iter(by_position.values())).shape if by_position else (0,)
+            arrays[site] = np.zeros((0, *width), np.float32)
+    return Captures(positions, arrays)

@@ -44,6 +44,7 @@ from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_fr
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.fused_projections import FusedGroup, FusedPart, split_columns
 from jaxllm.models.layer_trace import call_layer
+from jaxllm.models.research_hooks import ResearchInputs, capture, empty_captures, steering
 from jaxllm.quantization.scheme import LayerQuant
 
 ACTIVATIONS = {
@@ -180,7 +181,9 @@ class LlamaDecoderLayer(nn.Module):
     quant: LayerQuant = LayerQuant()
 
     @nn.compact
-    def __call__(self, x, kv_cache, md, inv_freq, attention_factor):  # x: [T, H]
+    def __call__(self, x, kv_cache, md, inv_freq, edits=None, attention_factor=1.0):  # x: [T, H]
+        """(x, kv_cache), or with `edits` (research: (attn_add, mlp_add), each [T, H] or None, added to the
+        block's output before it joins the residual) (x, kv_cache, attn_out, mlp_out)."""
         a = self.arch
         h, kv_cache = LlamaAttention(a, self.attn_backend, self.tp_size, self.quant, name="attn")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="input_norm")(x),
@@ -189,10 +192,17 @@ class LlamaDecoderLayer(nn.Module):
             inv_freq,
             attention_factor,
         )
+        if edits is not None and edits[0] is not None:
+            h = h + edits[0]
         x = x + h
-        x = x + LlamaMLP(a, self.tp_size, self.attn_backend != "reference", self.quant, name="mlp")(
+        m = LlamaMLP(a, self.tp_size, self.attn_backend != "reference", self.quant, name="mlp")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x)
         )
+        if edits is not None and edits[1] is not None:
+            m = m + edits[1]
+        x = x + m
+        if edits is not None:
+            return x, kv_cache, h, m
         return x, kv_cache
 
 
@@ -201,6 +211,7 @@ class LlamaForCausalLM(nn.Module):
     attn_backend: str = "reference"
     trace_layers_once: bool = True  # layers share one trace per step shape (models/layer_trace.py)
     tp_size: int = 1  # tensor-parallel shards the fused projections are laid out for
+    supports_research = True  # __call__ takes ResearchInputs (captures, steering: models/research_hooks.py)
 
     def setup(self) -> None:
         a = self.arch
@@ -218,7 +229,8 @@ class LlamaForCausalLM(nn.Module):
         input_ids: jax.Array,  # i32[T]
         kv_caches: list[KVCache],  # per layer ([Nkv, P, PS, D], [Nkv, P, PS, D])
         md: AttentionMetadata,
-    ) -> tuple[jax.Array, list[KVCache]]:  # ([T, H], updated caches)
+        research: ResearchInputs | None = None,
+    ):  # ([T, H], updated caches), and with `research` the captures [C + 1, R, H] (models/research_hooks.py)
         a = self.arch
         rope = a.rope
         inv_freq, attention_factor = rope_inv_freq(a.head_dim, a.rope_theta, rope, a.max_position_embeddings)
@@ -230,12 +242,28 @@ class LlamaForCausalLM(nn.Module):
             )
         x = self.embed_tokens(input_ids)
         new_caches = []
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, kv_cache = call_layer(
-                self, layer, x, kv_cache, md, inv_freq, attention_factor=attention_factor
+        if research is None:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x, kv_cache = call_layer(
+                    self, layer, x, kv_cache, md, inv_freq, attention_factor=attention_factor
+                )
+                new_caches.append(kv_cache)
+            return self.norm(x), new_caches
+        n, dtype = a.num_layers, x.dtype
+        caps = empty_captures(research, a.hidden_size, dtype)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            edits = (steering(research, n + i, dtype), steering(research, 2 * n + i, dtype))
+            x, kv_cache, h, m = call_layer(
+                self, layer, x, kv_cache, md, inv_freq, edits, attention_factor=attention_factor
             )
+            resid = steering(research, i, dtype)
+            if resid is not None:
+                x = x + resid
+            for code, act in ((i, x), (n + i, h), (2 * n + i, m)):
+                caps = capture(caps, research, code, act)
             new_caches.append(kv_cache)
-        return self.norm(x), new_caches
+        x = self.norm(x)
+        return x, new_caches, capture(caps, research, 3 * n, x)
 
     def fused_groups(self) -> tuple[FusedGroup, ...]:
         """The fused projections of every layer, for the loader (which gets the checkpoint's parts)."""

@@ -66,7 +66,10 @@ class StepCompiler:
         # One jit of the model step per tier of compiler options (xla_options: small buckets merge more
         # dots, large ones run their GEMMs on cuBLAS); the KV caches (argument 1) are donated.
         step_jit = functools.partial(
-            jax.jit, model_step_fn, donate_argnums=(1,), static_argnames=("shape", "all_logits")
+            jax.jit,
+            model_step_fn,
+            donate_argnums=(1,),
+            static_argnames=("shape", "all_logits", "research_logits"),
         )
         self.model_steps = {tier: step_jit(compiler_options=tier_options(tier)) for tier in STEP_TIERS}
         self.sample_jit = jax.jit(sample_fn, static_argnames=("flags",))

@@ -43,6 +43,7 @@ from jaxllm.runner.compiler import StepCompiler
 from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, unpack
 from jaxllm.runner.request_state import RequestState, RequestStates
+from jaxllm.runner.research_batch import ResearchBatch, build_research_batch
 from jaxllm.runner.sampler import SamplerFlags, sample
 from jaxllm.runner.sampling_metadata import (
     MAX_LOGPROBS,
@@ -70,6 +71,8 @@ class InFlightStep:
     # The sampler's dispatch when it waits on the token-rules thread for its masks; resolves to
     # (sampled, ids)
     token_rules: Future | None = None
+    research: ResearchBatch | None = None  # what the step captures for whom (runner/research_batch.py)
+    captures: tuple | None = None  # its device arrays: ([C + 1, R, H], f32[R, V] | None)
 
     @property
     def samples(self) -> bool:
@@ -123,6 +126,8 @@ class ModelRunner:
         self.module = module
         self.params = params
         self.vocab_size = vocab_size
+        self.num_layers = num_layers
+        self.hidden_size = getattr(getattr(module, "arch", None), "hidden_size", 0)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.geometry = kvc.KVGeometry(num_layers, num_kv_heads, head_dim, block_size, jnp.dtype(kv_dtype))
@@ -173,7 +178,16 @@ class ModelRunner:
 
     # ---- the jitted pieces ---------------------------------------------------------------------------
     def _model_step_impl(
-        self, params, kv_caches, packed, prev_ids, *, shape: tuple[int, int, int], all_logits: bool
+        self,
+        params,
+        kv_caches,
+        packed,
+        prev_ids,
+        research=None,
+        *,
+        shape: tuple[int, int, int],
+        all_logits: bool,
+        research_logits: bool = False,
     ):
         v = unpack(packed, shape)
         src = v["prev_src"]  # async scheduling: inputs the previous step sampled, still on the device
@@ -186,10 +200,22 @@ class ModelRunner:
             cu_q_lens=v["cu_q_lens"],
             num_seqs=v["num_seqs"],
         )
-        hidden, kv_caches = self.module.apply({"params": params}, input_ids, kv_caches, md)
+        if research is None:
+            hidden, kv_caches = self.module.apply({"params": params}, input_ids, kv_caches, md)
+        else:  # a research variant (jaxllm/models/research_hooks.py): captures [C + 1, R, H] come back too
+            hidden, kv_caches, captures = self.module.apply(
+                {"params": params}, input_ids, kv_caches, md, research
+            )
         rows = hidden if all_logits else hidden[v["logits_indices"]]
         logits = self.module.apply({"params": params}, rows, method="compute_logits")
-        return logits, kv_caches
+        if research is None:
+            return logits, kv_caches
+        cap_logits = None
+        if research_logits:
+            cap_logits = self.module.apply(
+                {"params": params}, hidden[research.cap_rows], method="compute_logits"
+            )
+        return logits, kv_caches, (captures, cap_logits)
 
     def _sample_impl(self, logits, md, *, flags: SamplerFlags):
         out = sample(logits, md, flags=flags)
@@ -247,7 +273,9 @@ class ModelRunner:
         return self.compiler.num_compiled()
 
     # ---- one step ------------------------------------------------------------------------------------
-    def _run_model(self, inputs: StepInputs, *, all_logits: bool, prev_ids=None):
+    def _run_model(self, inputs: StepInputs, *, all_logits: bool, prev_ids=None, research=None):
+        """The step's logits (and the KV caches updated in place); with `research` (a ResearchBatch) also
+        the device captures, as (logits, captures)."""
         if prev_ids is None:
             if self._zero_ids is None:
                 self._zero_ids = jnp.zeros((self.ids_width,), jnp.int32)
@@ -256,6 +284,16 @@ class ModelRunner:
         # microseconds, where jax.device_put's Python path took 0.08 ms per array (0.45 ms for the
         # sampler's 13) on the development CPU, on the host's critical path of every step.
         args = (self.params, self.kv_caches, inputs.packed, prev_ids)
+        if research is not None:
+            step = self.compiler.step_jit(inputs.shape)
+            logits, self.kv_caches, captures = step(
+                *args,
+                research.inputs,
+                shape=inputs.shape,
+                all_logits=all_logits,
+                research_logits=research.logits,
+            )
+            return logits, captures
         ahead = None if all_logits else self.compiler.ahead_model.get(inputs.shape)
         if ahead is not None:
             logits, self.kv_caches = ahead(*args)
@@ -289,9 +327,18 @@ class ModelRunner:
         want_prompt_lp = self.requests.num_with_prompt_logprobs > 0 and any(
             _wants_prompt_logprobs(sr, st) for sr, st in zip(scheduled, states)
         )
-        logits = self._run_model(
-            inputs, all_logits=want_prompt_lp, prev_ids=prev.ids if prev is not None else None
+        research = build_research_batch(
+            scheduled, states, inputs.cu_q_lens, inputs.shape[0], self.num_layers, self.hidden_size
         )
+        logits = self._run_model(
+            inputs,
+            all_logits=want_prompt_lp,
+            prev_ids=prev.ids if prev is not None else None,
+            research=research,
+        )
+        captures = None
+        if research is not None:
+            logits, captures = logits
         if want_prompt_lp:
             all_logits = logits
             logits = all_logits[jnp.asarray(inputs.logits_indices)]
@@ -326,7 +373,7 @@ class ModelRunner:
             pending=pending,
             token_rules=False,
         )
-        step = InFlightStep(sched, out, states, rows=rows_of)
+        step = InFlightStep(sched, out, states, rows=rows_of, research=research, captures=captures)
         if not constrained:
             apply_token_rules(smd, token_rules_rows(rows))
             step.sampled, step.ids = self._sample_step(logits, smd, flags)
@@ -362,6 +409,9 @@ class ModelRunner:
         """Wait for a dispatched step, read its sampled tokens (and logprobs) back to the host and append
         them to the requests' states."""
         out = step.out
+        if step.research is not None:
+            caps, cap_logits = jax.device_get(step.captures)
+            out.captures = step.research.split(np.asarray(caps), cap_logits)
         if not step.samples:
             return out
         t_wait = time.perf_counter()

@@ -1,0 +1,113 @@
+"""Host half of research in a step: the scheduled requests' ResearchParams -> ResearchInputs, and the
+captured arrays the step returns -> each request's activations by site and position.
+
+    build_research_batch(scheduled, states, cu_q_lens, T, num_layers, hidden) -> ResearchBatch | None
+        (None: no scheduled request asks for research, the step runs its plain program)
+    ResearchBatch.inputs                    numpy ResearchInputs, padded to pow2 buckets
+    ResearchBatch.split(captures, logits)  -> {req_id: {site name: (positions, array [n, H or V])}}
+
+Buckets: rows R and capture slots C are the next powers of two (at least 8 and 4) of what the step needs
+(0 when nothing is captured), steering slots J the next power of two of the steers, at least 2 even with
+none (a step that only captures runs the program of one that steers, with zero scales): a handful of
+variants per token bucket, whatever the mix of layers and sites (models/research_hooks.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jaxllm.models.research_hooks import ResearchInputs, site_code
+from jaxllm.runner.request_state import RequestState
+from jaxllm.scheduler_output import ScheduledRequest
+
+_MIN_ROWS, _MIN_SLOTS, _MIN_STEERS = 8, 4, 2
+
+
+def _bucket(n: int, floor: int) -> int:
+    return 0 if n == 0 else max(floor, 1 << (n - 1).bit_length())
+
+
+@dataclass
+class _Wanted:
+    """One request's captures in this step: its positions, their rows in R, and its sites' slots."""
+
+    positions: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # indices into R
+    slots: dict[str, int] = field(default_factory=dict)  # site name -> slot in C (-1: logits)
+
+
+@dataclass
+class ResearchBatch:
+    inputs: ResearchInputs  # numpy leaves
+    logits: bool  # the step also returns the logits of the captured rows
+    wanted: dict[str, _Wanted]
+
+    def split(self, captures: np.ndarray, logits: np.ndarray | None) -> dict[str, dict[str, tuple]]:
+        """captures [C + 1, R, H], logits f32[R, V] | None -> per request, per site: (positions, array)."""
+        out = {}
+        for rid, w in self.wanted.items():
+            if not w.positions:
+                continue
+            rows = np.asarray(w.rows)
+            got = {}
+            for site, slot in w.slots.items():
+                got[site] = (list(w.positions), (logits if slot < 0 else captures[slot])[rows])
+            out[rid] = got
+        return out
+
+
+def build_research_batch(
+    scheduled: Sequence[ScheduledRequest],
+    states: Sequence[RequestState],
+    cu_q_lens: np.ndarray,  # i32[S + 1]
+    num_tokens: int,  # T
+    num_layers: int,
+    hidden_size: int,
+) -> ResearchBatch | None:
+    asking = [(i, sr, st) for i, (sr, st) in enumerate(zip(scheduled, states)) if st.params.research]
+    if not asking:
+        return None
+    codes: dict[int, int] = {}  # site code -> slot
+    cap_rows: list[int] = []
+    steers: list[tuple[int, np.ndarray, float, int, int]] = []  # code, vector, scale, first row, end row
+    wanted: dict[str, _Wanted] = {}
+    want_logits = False
+    for i, sr, st in asking:
+        rp = st.params.research
+        a = int(cu_q_lens[i])
+        for s in rp.steer:
+            steers.append((site_code(s.parsed, num_layers), s.vector, s.scale, a, a + sr.num_new_tokens))
+        if not rp.capture:
+            continue
+        w = wanted[sr.req_id] = _Wanted()
+        num_prompt = len(st.prompt_token_ids)
+        for k in range(sr.num_new_tokens):
+            if rp.wants_position(sr.start + k, num_prompt):
+                w.positions.append(sr.start + k)
+                w.rows.append(len(cap_rows))
+                cap_rows.append(a + k)
+        for site in rp.capture_sites:
+            if site.kind == "logits":
+                w.slots[str(site)] = -1
+                want_logits = True
+                continue
+            code = site_code(site, num_layers)
+            w.slots[str(site)] = codes.setdefault(code, len(codes))
+    # J never 0: a step that only captures runs the same program as one that steers (its scales all 0)
+    r, c = _bucket(len(cap_rows), _MIN_ROWS), _bucket(len(codes), _MIN_SLOTS)
+    j = max(_MIN_STEERS, _bucket(len(steers), _MIN_STEERS))
+    rows = np.zeros(r, np.int32)
+    rows[: len(cap_rows)] = cap_rows
+    slot_codes = np.full(c, -1, np.int32)
+    for code, slot in codes.items():
+        slot_codes[slot] = code
+    steer_codes = np.full(j, -1, np.int32)
+    vectors = np.zeros((j, hidden_size), np.float32)
+    scales = np.zeros((j, num_tokens), np.float32)
+    for k, (code, vec, scale, lo, hi) in enumerate(steers):
+        steer_codes[k], vectors[k], scales[k, lo:hi] = code, vec, scale
+    inputs = ResearchInputs(rows, slot_codes, steer_codes, vectors, scales)
+    return ResearchBatch(inputs, want_logits, wanted)
