@@ -15,12 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ipykernel  # noqa: F401 - the notebooks' kernel; imported here so a missing one fails, not skips
+import matplotlib  # noqa: F401 - the notebooks plot
+import nbclient
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-pytest.importorskip("matplotlib")
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
