@@ -17,9 +17,13 @@ the next position, so a request with P prompt tokens and G generated ones has po
 ("prompt": 0 .. P - 1, "generated": P .. P + G - 2, "all": both). The last generated token never goes
 through the model.
 
-A steer adds `scale * vector` to its site's activation at every position of the request (the prompt and
-every generated token), inside the compiled step; a capture at the same site reads the steered value, the
-one that flows on. Other requests in the same batch are untouched.
+Interventions, inside the compiled step, on the request's own rows only (other requests in the same batch
+are untouched); at one site they apply in this order, and a capture there reads the result, the value
+that flows on:
+    Scale(site, factor, head=None)   multiply by `factor` at every position (0 ablates); with `head`, only
+                                     that query head's share of attn_out, before o_proj
+    Steer(site, vector, scale)       add `scale * vector` at every position (prompt and generated)
+    Patch(site, position, vector)    replace the value at one position (activation patching)
 """
 
 from __future__ import annotations
@@ -58,6 +62,22 @@ def parse_site(name: str, field_name: str = "capture") -> Site:
     )
 
 
+def _vector(value, field_name: str) -> np.ndarray:
+    v = np.asarray(value, dtype=np.float32)
+    if v.ndim != 1 or not v.size:
+        raise ValueError(f"{field_name}: must be a non-empty 1-D list of numbers, got shape {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(f"{field_name}: must be finite")
+    return v
+
+
+def _layer_site(name: str, field_name: str) -> Site:
+    s = parse_site(name, field_name)
+    if s.layer is None:
+        raise ValueError(f"{field_name}: {name!r} must be a layer site ({', '.join(LAYER_SITES)})")
+    return s
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Steer:
     """Add `scale * vector` (f32[H]) at a layer site of this request's every position."""
@@ -67,14 +87,8 @@ class Steer:
     scale: float = 1.0
 
     def __post_init__(self) -> None:
-        s = parse_site(self.site, "steer.site")
-        if s.layer is None:
-            raise ValueError(f"steer.site: {self.site!r} must be a layer site ({', '.join(LAYER_SITES)})")
-        v = np.asarray(self.vector, dtype=np.float32)
-        if v.ndim != 1 or not v.size:
-            raise ValueError(f"steer.vector: must be a non-empty 1-D list of numbers, got shape {v.shape}")
-        if not np.all(np.isfinite(v)):
-            raise ValueError("steer.vector: must be finite")
+        _layer_site(self.site, "steer.site")
+        v = _vector(self.vector, "steer.vector")
         if not np.isfinite(self.scale):
             raise ValueError(f"steer.scale={self.scale!r} must be finite")
         object.__setattr__(self, "vector", v)
@@ -86,10 +100,56 @@ class Steer:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Scale:
+    """Multiply a layer site's activation by `factor` at every position of the request (0 ablates it);
+    with `head`, only that query head's share of the attention output, before o_proj (site attn_out.i)."""
+
+    site: str
+    factor: float = 0.0
+    head: int | None = None
+
+    def __post_init__(self) -> None:
+        s = _layer_site(self.site, "scale.site")
+        if not np.isfinite(self.factor):
+            raise ValueError(f"scale.factor={self.factor!r} must be finite")
+        if self.head is not None and (
+            s.kind != "attn_out" or not isinstance(self.head, int) or self.head < 0
+        ):
+            raise ValueError(f"scale.head={self.head!r}: a head index >= 0, on an attn_out site only")
+        object.__setattr__(self, "factor", float(self.factor))
+
+    @property
+    def parsed(self) -> Site:
+        return parse_site(self.site)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Patch:
+    """Replace a layer site's activation at one position of the request by `vector` (activation
+    patching: typically the same site's capture from another prompt)."""
+
+    site: str
+    position: int
+    vector: np.ndarray | Sequence[float]
+
+    def __post_init__(self) -> None:
+        _layer_site(self.site, "patch.site")
+        if not isinstance(self.position, int) or self.position < 0:
+            raise ValueError(f"patch.position={self.position!r} must be a position >= 0")
+        object.__setattr__(self, "vector", _vector(self.vector, "patch.vector"))
+
+    @property
+    def parsed(self) -> Site:
+        return parse_site(self.site)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class ResearchParams:
     capture: tuple[str, ...] = ()
     capture_positions: str = "all"
     steer: tuple[Steer, ...] = field(default=())
+    scale: tuple[Scale, ...] = field(default=())
+    patch: tuple[Patch, ...] = field(default=())
 
     def __post_init__(self) -> None:
         cap = (self.capture,) if isinstance(self.capture, str) else tuple(self.capture)
@@ -101,34 +161,45 @@ class ResearchParams:
                 f"capture_positions={self.capture_positions!r} must be one of {', '.join(CAPTURE_POSITIONS)}"
             )
         steer = tuple(s if isinstance(s, Steer) else Steer(**s) for s in self.steer)
+        scale = tuple(s if isinstance(s, Scale) else Scale(**s) for s in self.scale)
+        patch = tuple(p if isinstance(p, Patch) else Patch(**p) for p in self.patch)
         object.__setattr__(self, "capture", tuple(str(s) for s in sites))
         object.__setattr__(self, "steer", steer)
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "patch", patch)
+
+    @property
+    def edits_model(self) -> bool:
+        """Whether the request changes the forward pass (its KV is then its own)."""
+        return bool(self.steer or self.scale or self.patch)
 
     @property
     def capture_sites(self) -> list[Site]:
         return [parse_site(c) for c in self.capture]
 
-    def check_model(self, num_layers: int, hidden_size: int) -> None:
-        """Raises ValueError naming the field when a site's layer or a vector's width does not fit."""
-        for name, sites in (("capture", self.capture_sites), ("steer.site", [s.parsed for s in self.steer])):
+    def check_model(self, num_layers: int, hidden_size: int, num_heads: int) -> None:
+        """Raises ValueError naming the field when a site's layer, a head or a vector's width does not fit."""
+        for name, sites in (
+            ("capture", self.capture_sites),
+            ("steer.site", [s.parsed for s in self.steer]),
+            ("scale.site", [s.parsed for s in self.scale]),
+            ("patch.site", [p.parsed for p in self.patch]),
+        ):
             for s in sites:
                 if s.layer is not None and not 0 <= s.layer < num_layers:
                     raise ValueError(
                         f"{name}: {s} names layer {s.layer}; the model has layers 0..{num_layers - 1}"
                     )
-        for s in self.steer:
-            if s.vector.shape != (hidden_size,):
-                raise ValueError(
-                    f"steer.vector: {s.vector.shape[0]} numbers for {s.site}; the model's hidden size is {hidden_size}"
-                )
-
-    def positions(self, num_prompt: int, num_computed: int) -> range:
-        """The captured positions among 0 .. num_computed - 1 (the model's inputs so far)."""
-        if self.capture_positions == "prompt":
-            return range(min(num_prompt, num_computed))
-        if self.capture_positions == "generated":
-            return range(num_prompt, max(num_prompt, num_computed))
-        return range(num_computed)
+        for name, items in (("steer.vector", self.steer), ("patch.vector", self.patch)):
+            for s in items:
+                if s.vector.shape != (hidden_size,):
+                    raise ValueError(
+                        f"{name}: {s.vector.shape[0]} numbers for {s.site}; the model's hidden size is "
+                        f"{hidden_size}"
+                    )
+        for s in self.scale:
+            if s.head is not None and s.head >= num_heads:
+                raise ValueError(f"scale.head={s.head}: the model has query heads 0..{num_heads - 1}")
 
     def wants_position(self, p: int, num_prompt: int) -> bool:
         if self.capture_positions == "all":

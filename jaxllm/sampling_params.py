@@ -130,7 +130,7 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if isinstance(self.research, dict):
             self.research = ResearchParams(**self.research)
-        if self.research is not None and not (self.research.capture or self.research.steer):
+        if self.research is not None and not (self.research.capture or self.research.edits_model):
             self.research = None
         if self.logit_bias is not None:
             try:

@@ -142,8 +142,8 @@ class KVCacheManager:
     def cache_blocks(self, request: Request) -> None:
         """Register the request's blocks that are full of computed tokens."""
         research = request.sampling_params.research
-        if not self.enable_caching or (research is not None and research.steer):
-            return  # steered KV is no other request's prefix
+        if not self.enable_caching or (research is not None and research.edits_model):
+            return  # the KV of an edited forward pass is no other request's prefix
         rid = request.request_id
         # Computed positions whose token ids are known (with async scheduling a step in flight may have
         # computed a position whose token is still being sampled).

@@ -213,7 +213,7 @@ class LLMEngine:
             )
         if self.tp.mesh is not None or self.step_channel is not None:
             raise ValueError("research: not served under tensor parallelism or across hosts")
-        research.check_model(arch.num_layers, arch.hidden_size)
+        research.check_model(arch.num_layers, arch.hidden_size, arch.num_heads)
 
     def add_request(self, request_id: str, prompt, params: SamplingParams, *, priority: int = 0) -> None:
         self.enqueue(self.prepare_request(request_id, prompt, params, priority=priority))

@@ -44,7 +44,14 @@ from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_fr
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.fused_projections import FusedGroup, FusedPart, split_columns
 from jaxllm.models.layer_trace import call_layer
-from jaxllm.models.research_hooks import ResearchInputs, capture, empty_captures, steering
+from jaxllm.models.research_hooks import (
+    ResearchInputs,
+    apply_edit,
+    capture,
+    empty_captures,
+    head_factors,
+    site_edit,
+)
 from jaxllm.quantization.scheme import LayerQuant
 
 ACTIVATIONS = {
@@ -118,6 +125,7 @@ class LlamaAttention(nn.Module):
         md: AttentionMetadata,
         inv_freq: jax.Array,  # f32[D/2] or f32[T, D/2]
         attention_factor: float,
+        head_factor: jax.Array | None = None,  # f32[T, Nq] research: scales each head's output
     ) -> tuple[jax.Array, KVCache]:
         a = self.arch
         t = x.shape[0]
@@ -134,6 +142,7 @@ class LlamaAttention(nn.Module):
             period, count = heads.shape[1] // n, (a.num_heads + group.parts[1].slots(n)) // n
             heads = apply_rotary(heads, md.positions, inv_freq, attention_factor, rotated=(period, count))
             out, kv_cache = paged_attention_qkv(heads, kv_cache, md, num_q_heads=a.num_heads, **kw)
+            out = _scale_heads(out, head_factor, t, a)
             out = linear(a.hidden_size, a.o_proj_bias, self.quant.get("o_proj"), "o_proj", self.use_kernels)(
                 out.reshape(t, -1)
             )
@@ -148,10 +157,19 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q, md.positions, inv_freq, attention_factor)
         k = apply_rotary(k, md.positions, inv_freq, attention_factor)
         out, kv_cache = paged_attention(q, k, v, kv_cache, md, **kw)
+        out = _scale_heads(out, head_factor, t, a)
         out = linear(a.hidden_size, a.o_proj_bias, self.quant.get("o_proj"), "o_proj", self.use_kernels)(
             out.reshape(t, -1)
         )
         return out, kv_cache
+
+
+def _scale_heads(out: jax.Array, head_factor: jax.Array | None, t: int, a: ModelArchConfig) -> jax.Array:
+    """The attention output ([T, Nq, D] or [T, Nq * D]) with each head's part scaled by head_factor."""
+    if head_factor is None:
+        return out
+    heads = out.reshape(t, a.num_heads, a.head_dim).astype(jnp.float32) * head_factor[:, :, None]
+    return heads.astype(out.dtype).reshape(out.shape)
 
 
 class LlamaMLP(nn.Module):
@@ -182,24 +200,24 @@ class LlamaDecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, kv_cache, md, inv_freq, edits=None, attention_factor=1.0):  # x: [T, H]
-        """(x, kv_cache), or with `edits` (research: (attn_add, mlp_add), each [T, H] or None, added to the
-        block's output before it joins the residual) (x, kv_cache, attn_out, mlp_out)."""
+        """(x, kv_cache), or with `edits` (research: (attn SiteEdit, mlp SiteEdit, head factors f32[T, Nq]),
+        models/research_hooks.py) (x, kv_cache, attn_out, mlp_out), the block outputs as edited."""
         a = self.arch
+        attn_edit, mlp_edit, heads = edits if edits is not None else (None, None, None)
         h, kv_cache = LlamaAttention(a, self.attn_backend, self.tp_size, self.quant, name="attn")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="input_norm")(x),
             kv_cache,
             md,
             inv_freq,
             attention_factor,
+            heads,
         )
-        if edits is not None and edits[0] is not None:
-            h = h + edits[0]
+        h = apply_edit(h, attn_edit)
         x = x + h
         m = LlamaMLP(a, self.tp_size, self.attn_backend != "reference", self.quant, name="mlp")(
             RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x)
         )
-        if edits is not None and edits[1] is not None:
-            m = m + edits[1]
+        m = apply_edit(m, mlp_edit)
         x = x + m
         if edits is not None:
             return x, kv_cache, h, m
@@ -249,16 +267,18 @@ class LlamaForCausalLM(nn.Module):
                 )
                 new_caches.append(kv_cache)
             return self.norm(x), new_caches
-        n, dtype = a.num_layers, x.dtype
-        caps = empty_captures(research, a.hidden_size, dtype)
+        n = a.num_layers
+        caps = empty_captures(research, a.hidden_size, x.dtype)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            edits = (steering(research, n + i, dtype), steering(research, 2 * n + i, dtype))
+            edits = (
+                site_edit(research, n + i),
+                site_edit(research, 2 * n + i),
+                head_factors(research, i, a.num_heads),
+            )
             x, kv_cache, h, m = call_layer(
                 self, layer, x, kv_cache, md, inv_freq, edits, attention_factor=attention_factor
             )
-            resid = steering(research, i, dtype)
-            if resid is not None:
-                x = x + resid
+            x = apply_edit(x, site_edit(research, i))
             for code, act in ((i, x), (n + i, h), (2 * n + i, m)):
                 caps = capture(caps, research, code, act)
             new_caches.append(kv_cache)

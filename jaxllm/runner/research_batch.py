@@ -7,9 +7,10 @@ captured arrays the step returns -> each request's activations by site and posit
     ResearchBatch.split(captures, logits)  -> {req_id: {site name: (positions, array [n, H or V])}}
 
 Buckets: rows R and capture slots C are the next powers of two (at least 8 and 4) of what the step needs
-(0 when nothing is captured), steering slots J the next power of two of the steers, at least 2 even with
-none (a step that only captures runs the program of one that steers, with zero scales): a handful of
-variants per token bucket, whatever the mix of layers and sites (models/research_hooks.py).
+(0 when nothing is captured); the intervention slots (steers J, scales M, head scales K, patches P) the
+next powers of two of theirs, at least 2 even with none (a step that only captures runs the program of
+one that edits, with neutral values): a handful of variants per token bucket, whatever the mix of layers,
+sites and heads (models/research_hooks.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jaxllm.models.research_hooks import ResearchInputs, site_code
 from jaxllm.runner.request_state import RequestState
 from jaxllm.scheduler_output import ScheduledRequest
 
-_MIN_ROWS, _MIN_SLOTS, _MIN_STEERS = 8, 4, 2
+_MIN_ROWS, _MIN_SLOTS, _MIN_EDITS = 8, 4, 2
 
 
 def _bucket(n: int, floor: int) -> int:
@@ -73,18 +74,29 @@ def build_research_batch(
     codes: dict[int, int] = {}  # site code -> slot
     cap_rows: list[int] = []
     steers: list[tuple[int, np.ndarray, float, int, int]] = []  # code, vector, scale, first row, end row
+    scales: list[tuple[int, float, int, int]] = []  # code, factor, first row, end row
+    heads: list[tuple[int, int, float, int, int]] = []  # layer, head, factor, first row, end row
+    patches: list[tuple[int, int, np.ndarray]] = []  # code, row, vector
     wanted: dict[str, _Wanted] = {}
     want_logits = False
     for i, sr, st in asking:
         rp = st.params.research
-        a = int(cu_q_lens[i])
+        a, n = int(cu_q_lens[i]), sr.num_new_tokens
         for s in rp.steer:
-            steers.append((site_code(s.parsed, num_layers), s.vector, s.scale, a, a + sr.num_new_tokens))
+            steers.append((site_code(s.parsed, num_layers), s.vector, s.scale, a, a + n))
+        for s in rp.scale:
+            if s.head is None:
+                scales.append((site_code(s.parsed, num_layers), s.factor, a, a + n))
+            else:
+                heads.append((s.parsed.layer, s.head, s.factor, a, a + n))
+        for p in rp.patch:
+            if sr.start <= p.position < sr.start + n:
+                patches.append((site_code(p.parsed, num_layers), a + p.position - sr.start, p.vector))
         if not rp.capture:
             continue
         w = wanted[sr.req_id] = _Wanted()
         num_prompt = len(st.prompt_token_ids)
-        for k in range(sr.num_new_tokens):
+        for k in range(n):
             if rp.wants_position(sr.start + k, num_prompt):
                 w.positions.append(sr.start + k)
                 w.rows.append(len(cap_rows))
@@ -96,18 +108,43 @@ def build_research_batch(
                 continue
             code = site_code(site, num_layers)
             w.slots[str(site)] = codes.setdefault(code, len(codes))
-    # J never 0: a step that only captures runs the same program as one that steers (its scales all 0)
     r, c = _bucket(len(cap_rows), _MIN_ROWS), _bucket(len(codes), _MIN_SLOTS)
-    j = max(_MIN_STEERS, _bucket(len(steers), _MIN_STEERS))
     rows = np.zeros(r, np.int32)
     rows[: len(cap_rows)] = cap_rows
     slot_codes = np.full(c, -1, np.int32)
     for code, slot in codes.items():
         slot_codes[slot] = code
-    steer_codes = np.full(j, -1, np.int32)
-    vectors = np.zeros((j, hidden_size), np.float32)
-    scales = np.zeros((j, num_tokens), np.float32)
-    for k, (code, vec, scale, lo, hi) in enumerate(steers):
-        steer_codes[k], vectors[k], scales[k, lo:hi] = code, vec, scale
-    inputs = ResearchInputs(rows, slot_codes, steer_codes, vectors, scales)
+    # The intervention slots never drop to 0: a step that only captures runs the program of one that
+    # edits (factors 1, scales 0, no patch rows).
+    j, m, k, p = (max(_MIN_EDITS, _bucket(len(x), _MIN_EDITS)) for x in (steers, scales, heads, patches))
+    steer_codes, vectors = np.full(j, -1, np.int32), np.zeros((j, hidden_size), np.float32)
+    steer_scales = np.zeros((j, num_tokens), np.float32)
+    for q, (code, vec, scale, lo, hi) in enumerate(steers):
+        steer_codes[q], vectors[q], steer_scales[q, lo:hi] = code, vec, scale
+    scale_codes, scale_factors = np.full(m, -1, np.int32), np.ones((m, num_tokens), np.float32)
+    for q, (code, factor, lo, hi) in enumerate(scales):
+        scale_codes[q], scale_factors[q, lo:hi] = code, factor
+    head_layers, head_index = np.full(k, -1, np.int32), np.zeros(k, np.int32)
+    head_factors = np.ones((k, num_tokens), np.float32)
+    for q, (layer, head, factor, lo, hi) in enumerate(heads):
+        head_layers[q], head_index[q], head_factors[q, lo:hi] = layer, head, factor
+    patch_codes, patch_rows = np.full(p, -1, np.int32), np.full(p, num_tokens, np.int32)
+    patch_values = np.zeros((p, hidden_size), np.float32)
+    for q, (code, row, vec) in enumerate(patches):
+        patch_codes[q], patch_rows[q], patch_values[q] = code, row, vec
+    inputs = ResearchInputs(
+        rows,
+        slot_codes,
+        steer_codes,
+        vectors,
+        steer_scales,
+        scale_codes,
+        scale_factors,
+        head_layers,
+        head_index,
+        head_factors,
+        patch_codes,
+        patch_rows,
+        patch_values,
+    )
     return ResearchBatch(inputs, want_logits, wanted)

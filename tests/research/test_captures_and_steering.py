@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from jaxllm import LLM, SamplingParams  # noqa: E402
 from jaxllm.embedded import embedded_model_path  # noqa: E402
-from jaxllm.research_params import ResearchParams, Steer  # noqa: E402
+from jaxllm.research_params import Patch, ResearchParams, Scale, Steer  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -58,31 +58,35 @@ def greedy(**kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, **kw)
 
 
-def hf_activations(hf, ids: list[int], steer=None) -> dict[str, np.ndarray]:
+def hf_activations(hf, ids: list[int], edit=None, head=None) -> dict[str, np.ndarray]:
     """Every site of SITES over `ids` from transformers, with forward hooks reading the attention and MLP
-    outputs; `steer` = (site, vector, scale) adds scale * vector at that site by a hook."""
+    outputs. `edit` = (site, fn): the hook at that site returns fn(its output [T, H]); `head` = (layer,
+    head index, factor): a pre-hook scales that head's slice of o_proj's input."""
     found, hooks = {}, []
     layers = hf.model.layers
-
-    def add(site):
-        if steer is None or steer[0] != site:
-            return None
-        return torch.tensor(steer[2] * steer[1], dtype=torch.float32)
-
     for i, layer in enumerate(layers):
         for name, module in (("attn_out", layer.self_attn), ("mlp_out", layer.mlp), ("residual", layer)):
 
             def hook(mod, args, out, site=f"{name}.{i}"):
                 tensor = out[0] if isinstance(out, tuple) else out
-                extra = add(site)
-                if extra is not None:
-                    tensor = tensor + extra
+                if edit is not None and edit[0] == site:
+                    tensor = edit[1](tensor[0])[None]
                 found[site] = tensor[0].detach().numpy().copy()
                 if isinstance(out, tuple):
                     return (tensor, *out[1:])
                 return tensor
 
             hooks.append(module.register_forward_hook(hook))
+    if head is not None:
+        layer_i, h, factor = head
+        d = hf.config.hidden_size // hf.config.num_attention_heads
+
+        def pre_hook(mod, args):
+            x = args[0].clone()
+            x[..., h * d : (h + 1) * d] *= factor
+            return (x,)
+
+        hooks.append(layers[layer_i].self_attn.o_proj.register_forward_pre_hook(pre_hook))
     try:
         with torch.no_grad():
             res = hf(torch.tensor([ids]), output_hidden_states=True)
@@ -135,13 +139,44 @@ def test_steering_equals_a_forward_hook(llm, hf, prompts):
         (out,) = llm.generate(None, greedy(research=research), prompt_token_ids=prompts[1:2], use_tqdm=False)
         o = out.outputs[0]
         ids = prompts[1] + o.token_ids[:-1]
-        ref = hf_activations(hf, ids, steer=(site, vector, scale))
+        ref = hf_activations(hf, ids, edit=(site, lambda t, v=vector, k=scale: t + k * torch.tensor(v)))
         assert o.token_ids == [int(t) for t in np.argmax(ref["logits"][len(prompts[1]) - 1 :], axis=-1)]
         for name in ("logits", "residual.28", "mlp_out.28"):
             assert rel_err(o.captures.arrays[name], ref[name]) <= 1e-4, (site, name)
         # the check can fail: the steer moved the activations
         unsteered = hf_activations(hf, ids)
         assert rel_err(unsteered["residual.28"], ref["residual.28"]) > 1e-2, site
+
+
+def test_scale_heads_and_patches_equal_forward_hooks(llm, hf, prompts):
+    """Each intervention against the same edit made by a PyTorch hook: the MLP's output zeroed, one head's
+    output scaled before o_proj, a residual replaced at one position (activation patching)."""
+    rng = np.random.default_rng(1)
+    hidden = llm.llm_engine.loaded.arch.hidden_size
+    patch_vector = rng.standard_normal(hidden).astype(np.float32)
+
+    def patched(t):
+        t = t.clone()
+        t[3] = torch.tensor(patch_vector)
+        return t
+
+    cases = [
+        (dict(scale=[Scale("mlp_out.10", 0.0)]), dict(edit=("mlp_out.10", lambda t: t * 0.0))),
+        (dict(scale=[Scale("residual.4", 0.5)]), dict(edit=("residual.4", lambda t: t * 0.5))),
+        (dict(scale=[Scale("attn_out.2", 0.0, head=3)]), dict(head=(2, 3, 0.0))),
+        (dict(scale=[Scale("attn_out.0", 3.0, head=1)]), dict(head=(0, 1, 3.0))),
+        (dict(patch=[Patch("residual.6", 3, patch_vector)]), dict(edit=("residual.6", patched))),
+    ]
+    for ours, theirs in cases:
+        research = ResearchParams(capture=SITES, **ours)
+        (out,) = llm.generate(None, greedy(research=research), prompt_token_ids=prompts[1:2], use_tqdm=False)
+        o = out.outputs[0]
+        ids = prompts[1] + o.token_ids[:-1]
+        ref = hf_activations(hf, ids, **theirs)
+        assert o.token_ids == [int(t) for t in np.argmax(ref["logits"][len(prompts[1]) - 1 :], axis=-1)]
+        for name in ("logits", "residual.28", "attn_out.7"):
+            assert rel_err(o.captures.arrays[name], ref[name]) <= 1e-4, (ours, name)
+        assert rel_err(hf_activations(hf, ids)["residual.28"], ref["residual.28"]) > 1e-3, ours
 
 
 def test_neighbours_untouched_and_zero_scale_steer_changes_nothing(llm, prompts):
@@ -164,6 +199,10 @@ def test_bad_research_fields_are_refused(llm, prompts):
         (dict(capture_positions="end"), "capture_positions"),
         (dict(steer=[Steer("residual.1", np.ones(hidden + 1))]), "steer.vector"),
         (dict(steer=[{"site": "logits", "vector": [1.0]}]), "steer.site"),
+        (dict(scale=[{"site": "mlp_out.1", "factor": 0.0, "head": 2}]), "scale.head"),
+        (dict(scale=[Scale("attn_out.1", 0.0, head=99)]), "scale.head"),
+        (dict(patch=[{"site": "residual.1", "position": -1, "vector": [1.0]}]), "patch.position"),
+        (dict(patch=[Patch("residual.1", 0, np.ones(3))]), "patch.vector"),
     ]
     for kw, needle in cases:
         with pytest.raises(ValueError, match=needle):
