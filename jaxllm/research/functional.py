@@ -116,6 +116,13 @@ def functional_model(model) -> FunctionalModel:
             f"model must be a jaxllm.LLM, an LLMEngine, a LoadedModel or a FunctionalModel, "
             f"got {type(model).__name__}"
         )
+    tp = getattr(loaded.module, "tp_size", 1)
+    if tp != 1:
+        # Its fused q|k|v layout is per shard and attention splits it only inside the engine's mesh.
+        raise ValueError(
+            f"model: loaded with tensor_parallel_size={tp}; the functional model runs on one device, "
+            "so load it with tensor_parallel_size=1"
+        )
     module = loaded.module.clone(parent=None, attn_backend="reference", trace_layers_once=False)
     return FunctionalModel(module, loaded.params, loaded.arch)
 
@@ -186,13 +193,9 @@ class PromptLayout:
             num_seqs=jnp.asarray([self.num_prompts], jnp.int32),
         )
 
-    def kv_caches(self, module: nn.Module, arch: ModelArchConfig, dtype) -> list[tuple[jax.Array, jax.Array]]:
-        """Zeroed pages for every layer: ([S, P, PS, D], [S, P, PS, D]) with S the module's KV head slots."""
-        heads = arch.num_kv_heads
-        tp = getattr(module, "tp_size", 1)
-        if tp > heads:  # one K/V slot per shard (models/fused_projections.py)
-            heads = tp
-        shape = (heads, self.num_prompts * self.pages_per_prompt, self.page_size, arch.head_dim)
+    def kv_caches(self, arch: ModelArchConfig, dtype) -> list[tuple[jax.Array, jax.Array]]:
+        """Zeroed pages for every layer: ([Hkv, P, PS, D], [Hkv, P, PS, D])."""
+        shape = (arch.num_kv_heads, self.num_prompts * self.pages_per_prompt, self.page_size, arch.head_dim)
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(arch.num_layers)]
 
     def pack(self, x: jax.Array) -> jax.Array:  # [N, L, ...] -> [T, ...]
@@ -287,7 +290,7 @@ def forward(
         x, kv_cache = out
         return record(site, x), kv_cache
 
-    kv = layout.kv_caches(module, arch, _float_dtype(params))
+    kv = layout.kv_caches(arch, _float_dtype(params))
     with nn.intercept_methods(interceptor):
         hidden, _ = module.apply({"params": params}, input_ids, kv, layout.metadata())  # [T, H]
     hidden = record("final_norm", hidden)

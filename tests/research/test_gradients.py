@@ -9,6 +9,9 @@ sites differentiated (so the captured activation must carry the upstream perturb
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,7 +26,14 @@ from jaxllm.layers.linear import dequantize  # noqa: E402
 from jaxllm.loader import load_model  # noqa: E402
 from jaxllm.models.fused_projections import split_columns  # noqa: E402
 from jaxllm.models.llama import gate_up_group, layer_quant, qkv_group  # noqa: E402
-from jaxllm.research import activation_gradients, attribution_patching, functional_model, run_model  # noqa: E402
+from jaxllm.quantization.scheme import online_fp8  # noqa: E402
+from jaxllm.research import (  # noqa: E402
+    FunctionalModel,
+    activation_gradients,
+    attribution_patching,
+    functional_model,
+    run_model,
+)
 
 LAYER = 3
 PROBE_LAYER = 10
@@ -277,6 +287,19 @@ def test_attribution_patching_matches_pytorch(setup, hf, torch_reference):
         assert abs(float(result.estimates[site][i, len(ids) - 1])) > 0.1
 
 
+def test_functional_model_of_llm_and_engine(setup):
+    """`jaxllm.LLM()` holds the LoadedModel at `llm_engine.loaded`: the same arrays, reference attention."""
+    fm = setup["fm"]
+    loaded = SimpleNamespace(module=fm.module.clone(attn_backend="pallas"), params=fm.params, arch=fm.arch)
+    for model in (SimpleNamespace(llm_engine=SimpleNamespace(loaded=loaded)), SimpleNamespace(loaded=loaded)):
+        got = functional_model(model)
+        assert got.params is fm.params and got.module.attn_backend == "reference"
+    with pytest.raises(ValueError, match="tensor_parallel_size=2"):
+        functional_model(SimpleNamespace(module=fm.module.clone(tp_size=2), params=fm.params, arch=fm.arch))
+    with pytest.raises(TypeError, match="jaxllm.LLM"):
+        functional_model(object())
+
+
 def test_errors_name_the_field(setup):
     fm, clean, metric = setup["fm"], setup["clean"], setup["metric"]
     with pytest.raises(ValueError, match="residual.99"):
@@ -287,5 +310,10 @@ def test_errors_name_the_field(setup):
         attribution_patching(fm, clean, [clean[0], clean[1][:-1]], metric, SITES)
     with pytest.raises(ValueError, match=r"prompts\[0\]"):
         activation_gradients(fm, [[]], metric, SITES)
+    w8a8 = FunctionalModel(
+        fm.module, fm.params, dataclasses.replace(fm.arch, quant=online_fp8(), layer_quant=None)
+    )
+    with pytest.raises(ValueError, match="W8A8"):  # rounding the activations: zero gradients
+        activation_gradients(w8a8, clean, metric, SITES)
     with pytest.raises(ValueError, match="scalar"):
         activation_gradients(fm, clean, lambda acts: acts.last("logits")[:, 0], ["logits"])
