@@ -24,7 +24,6 @@ backend the served engine uses; the weights are the served ones.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +37,9 @@ from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
 from jaxllm.models.opt import OPTMLP, OPTAttention, OPTDecoderLayer
+from jaxllm.research_params import LAYER_SITES, MODEL_SITES
+from jaxllm.research_params import parse_site as parse_site_name
 
-LAYER_SITES = ("residual", "attn_out", "mlp_out")
-MODEL_SITES = ("final_norm", "logits")
 # The module classes whose `__call__` output is each layer site (outputs of the first two are
 # (activation, kv_cache) pairs, of the MLP the activation alone).
 _SITE_OF_MODULE = {
@@ -51,25 +50,19 @@ _SITE_OF_MODULE = {
     LlamaMLP: "mlp_out",
     OPTMLP: "mlp_out",
 }
-_SITE_RE = re.compile(r"^(residual|attn_out|mlp_out)\.(\d+)$")
 PAGE_SIZE = 16
 
 
 # ---- sites ------------------------------------------------------------------------------------------
 def parse_site(site: str, num_layers: int) -> tuple[str, int | None]:
-    """("residual", 3) for "residual.3", ("logits", None) for "logits"; ValueError naming the site."""
-    if site in MODEL_SITES:
-        return site, None
-    m = _SITE_RE.match(site) if isinstance(site, str) else None
-    if m is None:
+    """("residual", 3) for "residual.3", ("logits", None) for "logits"; ValueError naming the site (the
+    names of jaxllm/research_params.py, which the engine's captures use)."""
+    parsed = parse_site_name(site, "site")
+    if parsed.layer is not None and parsed.layer >= num_layers:
         raise ValueError(
-            f"site {site!r} is not one of {', '.join(s + '.<layer>' for s in LAYER_SITES)}, "
-            f"{', '.join(MODEL_SITES)}"
+            f"site {site!r}: layer {parsed.layer} is out of range, the model has {num_layers} layers"
         )
-    layer = int(m.group(2))
-    if layer >= num_layers:
-        raise ValueError(f"site {site!r}: layer {layer} is out of range, the model has {num_layers} layers")
-    return m.group(1), layer
+    return parsed.kind, parsed.layer
 
 
 def check_sites(sites: str | Sequence[str], num_layers: int) -> tuple[str, ...]:
