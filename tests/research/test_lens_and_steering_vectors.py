@@ -109,7 +109,7 @@ def test_last_layer_lens_is_the_engines_logits(lensed, num_layers):
 
 def test_layers_lens_equals_transformers_norm_and_head(lensed, hf, num_layers):
     _, lens, ids = lensed
-    layers = (0, 1, 7, 15, 22, num_layers - 2, num_layers - 1)
+    layers = (0, 7, 15, num_layers - 2, num_layers - 1)
     want = hf_lens(hf, ids, layers)
     for i in layers:
         assert rel_err(lens.logits[i], want[i]) <= 1e-4, i
@@ -159,12 +159,13 @@ def test_steering_vector_is_the_mean_difference_of_transformers_hidden_states(ll
             last.append(hs[10][0, -1].numpy())  # residual.9 at the last prompt token
         diffs.append(last[0] - last[1])
     want = np.mean(diffs, axis=0)
-    got = steering_vector(llm, PAIRS, "residual.9")
+    # prompts as text or token ids, in one engine batch
+    pairs = [(tok(PAIRS[0][0])["input_ids"], PAIRS[0][1]), *PAIRS[1:]]
+    got = steering_vector(llm, pairs, "residual.9")
     assert got.dtype == np.float32 and got.shape == want.shape
     assert rel_err(got, want) <= 1e-4
-    # the same pairs as token ids give the same vector
-    as_ids = [(tok(p)["input_ids"], tok(n)["input_ids"]) for p, n in PAIRS]
-    np.testing.assert_allclose(steering_vector(llm, as_ids, "residual.9"), got, rtol=1e-6, atol=1e-6)
+    # the check can fail: one pair alone gives another vector
+    assert rel_err(steering_vector(llm, PAIRS[:1], "residual.9"), want) > 1e-2
 
 
 def test_bad_arguments_are_refused(llm, lensed):
