@@ -6,8 +6,8 @@ captured arrays the step returns -> each request's activations by site and posit
     ResearchBatch.inputs                    numpy ResearchInputs, padded to pow2 buckets
     ResearchBatch.split(captures, logits)  -> {req_id: {site name: (positions, array [n, H or V])}}
 
-Buckets: rows R and capture slots C are the next powers of two (at least 8 and 4) of what the step needs
-(0 when nothing is captured); the intervention slots (steers J, scales M, head scales K, patches P) the
+Buckets: rows R and capture slots C are the next powers of two (at least 8 and 4, even when the step
+captures nothing) of what the step needs; the intervention slots (steers J, scales M, head scales K, patches P) the
 next powers of two of theirs, at least 2 even with none (a step that only captures runs the program of
 one that edits, with neutral values): a handful of variants per token bucket, whatever the mix of layers,
 sites and heads (models/research_hooks.py).
@@ -108,7 +108,7 @@ def build_research_batch(
                 continue
             code = site_code(site, num_layers)
             w.slots[str(site)] = codes.setdefault(code, len(codes))
-    r, c = _bucket(len(cap_rows), _MIN_ROWS), _bucket(len(codes), _MIN_SLOTS)
+    r, c = max(_MIN_ROWS, _bucket(len(cap_rows), _MIN_ROWS)), max(_MIN_SLOTS, _bucket(len(codes), _MIN_SLOTS))
     rows = np.zeros(r, np.int32)
     rows[: len(cap_rows)] = cap_rows
     slot_codes = np.full(c, -1, np.int32)
