@@ -6,16 +6,13 @@ request's neighbours in the batch are untouched, and a zero-scale steer changes 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxllm import LLM, SamplingParams  # noqa: E402
-from jaxllm.embedded import embedded_model_path  # noqa: E402
+from jaxllm import SamplingParams  # noqa: E402
 from jaxllm.research_params import Patch, ResearchParams, Scale, Steer  # noqa: E402
 
 PROMPTS = [
@@ -29,24 +26,13 @@ SITES = [f"{k}.{i}" for i in LAYERS for k in ("residual", "attn_out", "mlp_out")
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    # 8-token steps (one token bucket, so few research variants to compile): the longer prompts are
-    # prefilled in chunks, and steps mix prefill with decode rows
-    return LLM(
-        max_model_len=256,
-        max_num_batched_tokens=8,
-        max_num_seqs=4,
-        async_scheduling=True,
-        compilation_cache_dir=str(tmp_path_factory.mktemp("xla")),
-    )
+def llm(research_llm):
+    return research_llm
 
 
 @pytest.fixture(scope="module")
-def hf():
-    path = embedded_model_path()
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    ).eval()
+def hf(embedded_hf):
+    return embedded_hf
 
 
 @pytest.fixture(scope="module")

@@ -43,16 +43,6 @@ CORRUPT = ["The capital of Italy is", "When Mary and John went to the store, Mar
 ANSWERS = [(" Paris", " Rome"), (" Mary", " John")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def torch_one_thread():
-    """PyTorch's intra-op threads wait on cores that JAX's own threads (or other jobs) hold: on 2 cores a
-    14-token forward pass took about 1 s with 2 threads and 0.12 s with 1."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def setup():
     loaded = load_model(ModelSpec())

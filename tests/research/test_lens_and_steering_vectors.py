@@ -9,8 +9,6 @@ with logits; one site without), not one per test."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -18,8 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pd = pytest.importorskip("pandas")
 
-from jaxllm import LLM, ResearchParams, SamplingParams  # noqa: E402
-from jaxllm.embedded import embedded_model_path  # noqa: E402
+from jaxllm import ResearchParams, SamplingParams  # noqa: E402
 from jaxllm.research import (  # noqa: E402
     apply_logit_lens,
     captures_frame,
@@ -40,22 +37,13 @@ PAIRS = [
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    # max_num_batched_tokens 8 = the only token bucket: prompts are prefilled in 8-token chunks
-    return LLM(
-        max_model_len=64,
-        max_num_batched_tokens=8,
-        max_num_seqs=8,
-        compilation_cache_dir=str(tmp_path_factory.mktemp("xla")),
-    )
+def llm(research_llm):
+    return research_llm
 
 
 @pytest.fixture(scope="module")
-def hf():
-    path = embedded_model_path()
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    ).eval()
+def hf(embedded_hf):
+    return embedded_hf
 
 
 @pytest.fixture(scope="module")
