@@ -1,4 +1,5 @@
-"""One engine and one transformers model for every research test module: the engine's research variants
+"""One engine (`llm`) and one transformers model (`hf`) for every research test module (a module may
+define its own `hf`): the engine's research variants
 of the model step compile once for all of them (8-token steps: one token bucket), and transformers reads
 the embedded GGUF once (about 20 s on 2 cores)."""
 
@@ -10,7 +11,7 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def research_llm(tmp_path_factory):
+def llm(tmp_path_factory):
     from jaxllm import LLM
 
     # 8-token steps: prompts longer than 8 tokens are prefilled in chunks, and steps mix prefill with
@@ -25,7 +26,7 @@ def research_llm(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def embedded_hf():
+def hf():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from jaxllm.embedded import embedded_model_path

@@ -26,16 +26,6 @@ SITES = [f"{k}.{i}" for i in LAYERS for k in ("residual", "attn_out", "mlp_out")
 
 
 @pytest.fixture(scope="module")
-def llm(research_llm):
-    return research_llm
-
-
-@pytest.fixture(scope="module")
-def hf(embedded_hf):
-    return embedded_hf
-
-
-@pytest.fixture(scope="module")
 def prompts(llm):
     tok = llm.get_tokenizer()
     return [tok(p)["input_ids"] for p in PROMPTS]

@@ -37,16 +37,6 @@ PAIRS = [
 
 
 @pytest.fixture(scope="module")
-def llm(research_llm):
-    return research_llm
-
-
-@pytest.fixture(scope="module")
-def hf(embedded_hf):
-    return embedded_hf
-
-
-@pytest.fixture(scope="module")
 def num_layers(llm):
     return llm.llm_engine.loaded.arch.num_layers
 
