@@ -61,11 +61,14 @@ class ResearchModel:
 
 
 def research_model(engine) -> ResearchModel | None:
-    """The sizes of an in-process engine's model; None when it has no research sites (a model outside the
-    Llama family, or an engine that is not jaxllm's). The engine checks again when the request arrives
-    (tensor parallelism, several hosts)."""
-    loaded = getattr(getattr(engine, "engine", None), "loaded", None)
+    """The sizes of an in-process engine's model; None when it cannot serve research: a model outside the
+    Llama family, tensor parallelism or several hosts (the engine checks the same again when
+    the request arrives), or an engine that is not jaxllm's."""
+    inner = getattr(engine, "engine", None)
+    loaded = getattr(inner, "loaded", None)
     if loaded is None or not getattr(loaded.module, "supports_research", False):
+        return None
+    if getattr(getattr(inner, "tp", None), "mesh", None) is not None or getattr(inner, "step_channel", None):
         return None
     arch = loaded.arch
     return ResearchModel(arch.num_layers, arch.hidden_size, arch.vocab_size, loaded.dtype.itemsize)
@@ -102,7 +105,9 @@ def check_research(
     where the research object came ("research" or "vllm_xargs.research"). Raises APIError naming the
     field when the model cannot serve it or it could capture more than the server allows."""
     if model is None:
-        raise APIError(f"{field}: this model has no research sites (Llama family only)", param=field)
+        raise APIError(
+            f"{field}: this server's model has no research sites (Llama family, on one device)", param=field
+        )
     _fits(ResearchParams(capture=rp.capture), model, field)
     for i, s in enumerate(rp.steer):
         _fits(ResearchParams(steer=(s,)), model, f"{field}.steer[{i}]", strip="steer.")

@@ -32,7 +32,10 @@ NEW = 5
 SITES = ["residual.3", "attn_out.29", "mlp_out.10", "final_norm", "logits"]
 # Both prompts fall in one token bucket (17..32 tokens), and every request that captures asks for SITES at
 # "all" positions: the two engines compile few step variants, which keeps this file to about a minute.
-PROMPT = "The capital of France is Paris, the capital of Italy is Rome, the capital of Japan is Tokyo, and the capital of Spain is"
+PROMPT = (
+    "The capital of France is Paris, the capital of Italy is Rome, the capital of Japan is Tokyo, and the "
+    "capital of Spain is"
+)
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a planet."}]
 
 
@@ -49,6 +52,7 @@ def llm(cache):
 @pytest.fixture(scope="module")
 def dims(llm):
     arch = llm.llm_engine.loaded.arch
+    assert llm.llm_engine.loaded.dtype == np.float32  # what site_bytes counts
     return arch.hidden_size, arch.vocab_size, arch.num_layers
 
 
