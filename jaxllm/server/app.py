@@ -42,6 +42,7 @@ from jaxllm.server.openapi import openapi_document
 from jaxllm.server.protocol import parse_detokenize, parse_tokenize, with_sampling_defaults
 from jaxllm.server.reasoning import REASONING_PARSERS
 from jaxllm.server.request_log import RequestLogger
+from jaxllm.server.research import ResearchLimits, research_model
 from jaxllm.server.serving_chat import create_chat_completion, render_chat
 from jaxllm.server.serving_completion import create_completion
 from jaxllm.server.state import ServerState
@@ -168,6 +169,7 @@ def build_app(
     reasoning_parser: str | None = None,
     http: HTTPOptions | None = None,
     request_logger: RequestLogger | None = None,
+    research_limits: ResearchLimits | None = None,
     on_engine_dead: Callable[[], None] | None = None,
 ) -> Starlette:
     """`manage_engine`: start the engine on startup and shut it down (draining) on exit; `log_stats`: log a
@@ -175,7 +177,8 @@ def build_app(
     `max_logprobs`: the engine's --max-logprobs, which requests are checked against. The next three are the
     flags of the same names (tool calling and reasoning in chat responses). `http`: CORS, request-id
     headers, root path, /openapi.json (http_options.py; default: vLLM's); `request_logger`: a log line per
-    generation request (--enable-log-requests; None: none). `on_engine_dead`: called once the engine has
+    generation request (--enable-log-requests; None: none). `research_limits`: --enable-research-api and
+    its bounds (None: research refused). `on_engine_dead`: called once the engine has
     failed and every request in flight has been given its error (the CLI passes one that stops uvicorn,
     which lets those responses finish, so that the process exits non-zero)."""
     http = http or HTTPOptions()
@@ -199,6 +202,8 @@ def build_app(
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
         request_logger=request_logger,
+        research_limits=research_limits or ResearchLimits(),
+        research_model=research_model(engine) if research_limits and research_limits.enabled else None,
     )
 
     @contextlib.asynccontextmanager

@@ -19,6 +19,12 @@ from typing import Any
 from jaxllm.engine_args import EngineArgs, arg_field, base_type, check_field, flag_name
 from jaxllm.server.http_options import HTTPOptions
 from jaxllm.server.request_log import RequestLogger
+from jaxllm.server.research import (
+    DEFAULT_MAX_CAPTURE_BYTES,
+    DEFAULT_MAX_SITES,
+    DEFAULT_MAX_STEERS,
+    ResearchLimits,
+)
 
 # The parsers' names (jaxllm/server/tool_parsers/, jaxllm/server/reasoning/), written out so that the
 # flags are known without importing the parsers.
@@ -71,6 +77,21 @@ class ServerArgs:
         None,
         "split <think> text into reasoning_content: deepseek_r1 (the output starts inside it), qwen3",
         choices=(None, *REASONING_PARSERS),
+    )
+    enable_research_api: bool = arg_field(
+        False,
+        "serve the `research` request field (activations captured, steering vectors added: docs/research.md); "
+        "off, a request carrying it is refused with a 400",
+    )
+    max_research_capture_bytes: int = arg_field(
+        DEFAULT_MAX_CAPTURE_BYTES,
+        "most bytes of activations one request may capture, estimated before it runs from its prompt, "
+        "max_tokens, n and sites",
+        ge=1,
+    )
+    max_research_sites: int = arg_field(DEFAULT_MAX_SITES, "most capture sites one request may name", ge=1)
+    max_research_steers: int = arg_field(
+        DEFAULT_MAX_STEERS, "most steering vectors one request may give", ge=1
     )
     uvicorn_log_level: str = arg_field("info", "uvicorn's log level", choices=UVICORN_LOG_LEVELS)
     disable_log_stats: bool = arg_field(False, "no periodic log line of throughput and KV cache use")
@@ -127,6 +148,14 @@ class ServerArgs:
             enable_request_id_headers=self.enable_request_id_headers,
             root_path=self.root_path or "",
             serve_openapi=not self.disable_fastapi_docs,
+        )
+
+    def research_limits(self) -> ResearchLimits:
+        return ResearchLimits(
+            enabled=self.enable_research_api,
+            max_capture_bytes=self.max_research_capture_bytes,
+            max_sites=self.max_research_sites,
+            max_steers=self.max_research_steers,
         )
 
     def request_logger(self) -> RequestLogger | None:

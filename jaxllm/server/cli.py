@@ -158,6 +158,7 @@ def serve(args: ServeArgs) -> None:
         reasoning_parser=server.reasoning_parser,
         http=server.http_options(),
         request_logger=server.request_logger(),
+        research_limits=server.research_limits(),
         on_engine_dead=stop_serving,
     )
     shown_host = server.host if server.host not in (None, "", "0.0.0.0") else "0.0.0.0"

@@ -25,10 +25,10 @@ from jaxllm.server.protocol_common import (
     MAX_N,
     NonNegInt,
     RequestModel,
-    SamplingBody,
     validate_body,
 )
 from jaxllm.server.protocol_completion import CompletionBody
+from jaxllm.server.research import ResearchLimits
 
 __all__ = [
     "CHAT_ROLES",
@@ -76,18 +76,23 @@ class CommonFields:
     priority: int = 0
     prompt_logprobs: int | None = None  # asked for explicitly (vLLM's extra); returned in the response
     constraint_field: str | None = None  # the field an output constraint came in, if any
+    research_field: str | None = None  # "research" or "vllm_xargs.research" when given (sampling has it)
 
 
-def _common(b: SamplingBody) -> CommonFields:
+def _common(b: CompletionBody | ChatCompletionBody) -> CommonFields:
+    sampling = b.sampling_kwargs()
+    if b.research_params is not None:
+        sampling["research"] = b.research_params
     return CommonFields(
         model=b.model,
         stream=bool(b.stream),
         include_usage=bool(b.stream_options and b.stream_options.include_usage),
-        sampling=b.sampling_kwargs(),
+        sampling=sampling,
         user=b.user,
         priority=b.priority or 0,
         prompt_logprobs=b.prompt_logprobs,
         constraint_field=b.structured_field,
+        research_field=b.research_field,
     )
 
 
@@ -99,8 +104,10 @@ class CompletionRequest:
     logprobs: int | None = None
 
 
-def parse_completion(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> CompletionRequest:
-    b = validate_body(CompletionBody, body, max_logprobs)
+def parse_completion(
+    body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS, research_limits: ResearchLimits | None = None
+) -> CompletionRequest:
+    b = validate_body(CompletionBody, body, max_logprobs, research_limits)
     common = _common(b)
     common.max_tokens = 16 if b.max_tokens is None else b.max_tokens
     return CompletionRequest(common=common, prompts=b.prompts(), echo=bool(b.echo), logprobs=b.logprobs)
@@ -120,8 +127,10 @@ class ChatRequest:
     parallel_tool_calls: bool = True
 
 
-def parse_chat(body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> ChatRequest:
-    b = validate_body(ChatCompletionBody, body, max_logprobs)
+def parse_chat(
+    body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS, research_limits: ResearchLimits | None = None
+) -> ChatRequest:
+    b = validate_body(ChatCompletionBody, body, max_logprobs, research_limits)
     common = _common(b)
     common.max_tokens = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
     choice = b.tool_choice

@@ -19,6 +19,7 @@ from jaxllm.server.protocol_common import (
     SamplingBody,
     check_logprobs_limit,
 )
+from jaxllm.server.protocol_research import ResearchFields
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Content part types of OpenAI's API that carry media: refused with their own message (text-only server).
@@ -116,7 +117,7 @@ class NamedToolChoice(RequestModel):
     function: NamedFunction
 
 
-class ChatCompletionBody(SamplingBody):
+class ChatCompletionBody(SamplingBody, ResearchFields):
     """POST /v1/chat/completions."""
 
     unserved: ClassVar = {

@@ -171,10 +171,14 @@ def _extras(model: BaseModel, path: list) -> list[tuple[list, RequestModel, str,
     return out
 
 
-def validate_body[M: RequestModel](cls: type[M], body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> M:
-    """The request object, or an APIError naming the field. Unknown fields: one warning line."""
+def validate_body[M: RequestModel](
+    cls: type[M], body: dict, max_logprobs: int = DEFAULT_MAX_LOGPROBS, research_limits=None
+) -> M:
+    """The request object, or an APIError naming the field. Unknown fields: one warning line.
+    `research_limits` (server/research.py; None: research refused) bound the `research` field."""
+    context = {"max_logprobs": max_logprobs, "research_limits": research_limits}
     try:
-        obj = cls.model_validate(body, context={"max_logprobs": max_logprobs})
+        obj = cls.model_validate(body, context=context)
     except ValidationError as e:
         raise api_error_from_validation(e) from None
     ignored = []

@@ -12,6 +12,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from jaxllm.server.protocol_common import FieldError, SamplingBody, check_logprobs_limit
+from jaxllm.server.protocol_research import ResearchFields
 
 PROMPT_SHAPES = "a non-empty string, list of strings, list of token ids or list of token-id lists"
 
@@ -20,7 +21,7 @@ def _is_token_ids(v) -> bool:
     return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
-class CompletionBody(SamplingBody):
+class CompletionBody(SamplingBody, ResearchFields):
     """POST /v1/completions."""
 
     unserved: ClassVar = {

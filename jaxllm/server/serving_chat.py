@@ -8,7 +8,9 @@ exactly what each chunk sends; a single response is the engine's FINAL_ONLY outp
 
 tools / tool_choice (tool_choice.py) decide how the output is read: plain content, or through a tool-call
 parser, or decoded under a JSON schema of calls; with --reasoning-parser, <think> text becomes
-reasoning_content. chat_output.ChoiceReader does that per choice, whole or per delta.
+reasoning_content. chat_output.ChoiceReader does that per choice, whole or per delta. With `research`
+(server/research.py) each choice carries its captures beside `message`, a streamed chunk's choice the
+positions new in it beside `delta`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from jaxllm.server.generation import (
 from jaxllm.server.logprobs import chat_logprobs, prompt_logprobs_json
 from jaxllm.server.protocol import ChatRequest, parse_chat
 from jaxllm.server.reasoning import REASONING_PARSERS
+from jaxllm.server.research import check_research, choice_research
 from jaxllm.server.state import ServerState
 from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
 from jaxllm.server.tool_choice import plan_tool_calls, tool_request
@@ -69,7 +72,7 @@ def render_chat(state: ServerState, req: ChatRequest, tools: list[dict] | None =
 
 
 async def create_chat_completion(state: ServerState, body: dict, request) -> Response:
-    req = parse_chat(body, state.max_logprobs)
+    req = parse_chat(body, state.max_logprobs, state.research_limits)
     model = check_model(req.common.model, state.served_names)
     plan = plan_tool_calls(tool_request(req), auto_tool_choice=state.auto_tool_choice)
     if plan.schema is not None:
@@ -103,6 +106,12 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
         prompt_param="messages",
         vocab_size=state.vocab_size,
     )
+    research = req.common.sampling.get("research")
+    if research is not None:
+        requests = [(len(ids), params.max_tokens, params.n)]
+        check_research(
+            research, req.common.research_field, requests, state.research_model, state.research_limits
+        )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, ids, params)
     created = int(time.time())
@@ -123,14 +132,15 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
             completion_tokens += len(o.token_ids)
             lp = chat_logprobs(tok, list(o.token_ids), o.logprobs, top_n) if req.logprobs else None
             r = reader(stream=False)
-            choices.append(
-                {
-                    "index": o.index,
-                    "message": r.message(o.text) if r else {"role": "assistant", "content": o.text},
-                    "logprobs": lp,
-                    "finish_reason": r.finish_reason(o.finish_reason) if r else o.finish_reason,
-                }
-            )
+            choice = {
+                "index": o.index,
+                "message": r.message(o.text) if r else {"role": "assistant", "content": o.text},
+                "logprobs": lp,
+                "finish_reason": r.finish_reason(o.finish_reason) if r else o.finish_reason,
+            }
+            if (rs := choice_research(o.captures, stream=False)) is not None:
+                choice["research"] = rs
+            choices.append(choice)
         prompt_tokens = len(ro.prompt_token_ids) or len(ids)
         response = {
             "id": rid,
@@ -189,7 +199,8 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                                 ]
                             )
                         )
-                    if not o.text and not o.token_ids and o.finish_reason is None:
+                    rs = choice_research(o.captures, stream=True)  # the positions new in this output
+                    if not o.text and not o.token_ids and o.finish_reason is None and rs is None:
                         continue
                     lp = chat_logprobs(tok, o.token_ids, o.logprobs, top_n) if req.logprobs else None
                     if o.index not in readers:
@@ -203,20 +214,17 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                     else:
                         delta = r.last(o.text)
                         finish_reason = r.finish_reason(o.finish_reason)
-                    if r is not None and not delta and finish_reason is None and lp is None:
+                    if r is not None and not delta and finish_reason is None and lp is None and rs is None:
                         continue  # the reader holds this text back: nothing to send yet
-                    yield sse(
-                        chunk(
-                            [
-                                {
-                                    "index": o.index,
-                                    "delta": delta,
-                                    "logprobs": lp,
-                                    "finish_reason": finish_reason,
-                                }
-                            ]
-                        )
-                    )
+                    choice = {
+                        "index": o.index,
+                        "delta": delta,
+                        "logprobs": lp,
+                        "finish_reason": finish_reason,
+                    }
+                    if rs is not None:
+                        choice["research"] = rs
+                    yield sse(chunk([choice]))
             if include_usage:
                 usage = {
                     "prompt_tokens": prompt_tokens,

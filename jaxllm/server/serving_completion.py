@@ -2,7 +2,8 @@
 
 Choice `i * n + j` is sample j of prompt i (as vLLM numbers them). Streaming sends each choice's new
 text as the engine produces it (its DELTA outputs); `echo` prepends the prompt (and its logprobs when
-`logprobs` is set). A single response is made from each prompt's FINAL_ONLY output.
+`logprobs` is set). A single response is made from each prompt's FINAL_ONLY output. With `research`
+(server/research.py) each choice carries its captures; a streamed chunk carries the positions new in it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from jaxllm.server.generation import (
 )
 from jaxllm.server.logprobs import completion_logprobs, prompt_logprobs_json
 from jaxllm.server.protocol import parse_completion
+from jaxllm.server.research import check_research, choice_research
 from jaxllm.server.state import ServerState
 from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
 
@@ -39,7 +41,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 async def create_completion(state: ServerState, body: dict, request) -> Response:
-    req = parse_completion(body, state.max_logprobs)
+    req = parse_completion(body, state.max_logprobs, state.research_limits)
     model = check_model(req.common.model, state.served_names)
     tok = state.tokenizer
     prompts: list[tuple[str, list[int]]] = []
@@ -65,6 +67,12 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                 prompt_logprobs=max(asked) if asked else None,
                 vocab_size=state.vocab_size,
             )
+        )
+    research = req.common.sampling.get("research")
+    if research is not None:
+        requests = [(len(ids), sp.max_tokens, sp.n) for (_, ids), sp in zip(prompts, params, strict=True)]
+        check_research(
+            research, req.common.research_field, requests, state.research_model, state.research_limits
         )
     rid = f"cmpl-{uuid.uuid4().hex}"
     for i, ((_, ids), sp) in enumerate(zip(prompts, params, strict=True)):
@@ -108,6 +116,8 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                     "logprobs": lp,
                     "finish_reason": o.finish_reason,
                 }
+                if (rs := choice_research(o.captures, stream=False)) is not None:
+                    choice["research"] = rs
                 if req.common.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_json(
                         tok, prompt_ids, ro.prompt_logprobs, req.common.prompt_logprobs
@@ -152,14 +162,15 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                     if req.logprobs is not None:
                         lp = completion_logprobs(tok, ids, positions, top_n, offsets.get(index, 0))
                     offsets[index] = offsets.get(index, 0) + len(text)
+                    choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason}
+                    if (rs := choice_research(o.captures, stream=True)) is not None:
+                        choice["research"] = rs  # the positions new in this chunk
                     chunk = {
                         "id": rid,
                         "object": "text_completion",
                         "created": created,
                         "model": model,
-                        "choices": [
-                            {"index": index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason}
-                        ],
+                        "choices": [choice],
                     }
                     if include_usage:
                         chunk["usage"] = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from jaxllm.server.metrics import ServerMetrics
 from jaxllm.server.request_log import RequestLogger
+from jaxllm.server.research import ResearchLimits, ResearchModel
 
 
 @dataclass(slots=True)
@@ -28,6 +29,8 @@ class ServerState:
     tool_call_parser: str | None = None  # a jaxllm.server.tool_parsers.TOOL_PARSERS name
     reasoning_parser: str | None = None  # a jaxllm.server.reasoning.REASONING_PARSERS name
     request_logger: RequestLogger | None = None  # --enable-log-requests: a line per generation request
+    research_limits: ResearchLimits = field(default_factory=ResearchLimits)  # --enable-research-api, ...
+    research_model: ResearchModel | None = None  # the model's sizes, when it serves research
 
     def log_request(self, request_id: str, prompt_ids: list[int], params) -> None:
         if self.request_logger is not None:

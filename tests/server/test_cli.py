@@ -106,6 +106,10 @@ SERVER_FLAGS = {
     "disable_fastapi_docs": (["--disable-fastapi-docs"], True),
     "ssl_keyfile": (["--ssl-keyfile", "/k.pem"], "/k.pem"),
     "ssl_certfile": (["--ssl-certfile", "/c.pem"], "/c.pem"),
+    "enable_research_api": (["--enable-research-api"], True),
+    "max_research_capture_bytes": (["--max-research-capture-bytes", "4096"], 4096),
+    "max_research_sites": (["--max-research-sites", "3"], 3),
+    "max_research_steers": (["--max-research-steers", "2"], 2),
 }
 
 
@@ -116,6 +120,17 @@ def test_every_field_is_a_flag():
     args = cli.parse_args(argv, positional_model=False)
     assert args.engine == EngineArgs(**{k: v for k, (_, v) in ENGINE_FLAGS.items()})
     assert args.server == ServerArgs(**{k: v for k, (_, v) in SERVER_FLAGS.items()})
+
+
+def test_research_flags_are_the_limits_requests_are_held_to():
+    from jaxllm.server.research import ResearchLimits
+
+    names = ("enable_research_api", "max_research_capture_bytes", "max_research_sites", "max_research_steers")
+    argv = [a for name in names for a in SERVER_FLAGS[name][0]]
+    server = cli.parse_args(argv, positional_model=False).server
+    assert server.research_limits() == ResearchLimits(True, 4096, 3, 2)
+    assert cli.parse_args([], positional_model=False).server.research_limits() == ResearchLimits()
+    assert not ResearchLimits().enabled
 
 
 def test_the_flags_of_earlier_versions_still_parse():

@@ -1,0 +1,129 @@
+"""Research on the server: the limits a request is held to, the served model's sizes, and the checks that
+need them (protocol_research.py checks, with every other field, what needs neither).
+
+    ResearchParams (from the body), each prompt's length and SamplingParams
+        --check_research--> a 400 naming research.capture, research.steer[i].site, research.steer[i].vector
+          when a layer or a width does not fit the model, or research.capture when what the request could
+          capture exceeds --max-research-capture-bytes; run before the engine sees the request
+    CompletionOutput.captures --choice_research--> a choice's `research` (jaxllm.research_wire's format)
+
+The size is bounded before anything runs: positions the request can produce (its prompt and max_tokens,
+as capture_positions selects them) x samples x, per site, the hidden size times the model dtype's bytes
+(the vocabulary times 4 for f32 logits), summed over the prompts of one HTTP request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from jaxllm.outputs import Captures
+from jaxllm.research_params import ResearchParams
+from jaxllm.research_wire import encode_captures
+from jaxllm.server.errors import APIError
+
+DEFAULT_MAX_CAPTURE_BYTES = 64 << 20
+DEFAULT_MAX_SITES = 32
+DEFAULT_MAX_STEERS = 8
+LOGITS_ITEMSIZE = 4  # logits are captured in f32 whatever the model's dtype
+
+# "steer.vector: ..." -> ("steer.vector", ": "); "capture_positions='x' must ..." -> ("capture_positions", "=")
+_ENGINE_FIELD = re.compile(r"^([\w.]+)(:\s*|=)")
+
+
+def split_field(msg: str) -> tuple[str, str]:
+    """A ResearchParams/Steer ValueError's message -> (the field it names, the rest); ("", msg) if none.
+    A `field=value ...` message is kept whole: the value is part of what it says."""
+    m = _ENGINE_FIELD.match(msg)
+    if m is None:
+        return "", msg
+    return m.group(1), msg if m.group(2) == "=" else msg[m.end() :]
+
+
+@dataclass(frozen=True, slots=True)
+class ResearchLimits:
+    """--enable-research-api and the bounds on one request (--max-research-*)."""
+
+    enabled: bool = False
+    max_capture_bytes: int = DEFAULT_MAX_CAPTURE_BYTES
+    max_sites: int = DEFAULT_MAX_SITES
+    max_steers: int = DEFAULT_MAX_STEERS
+
+
+@dataclass(frozen=True, slots=True)
+class ResearchModel:
+    """The served model's sizes that research requests are checked against."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    itemsize: int  # bytes of one captured activation: the model's compute dtype
+
+
+def research_model(engine) -> ResearchModel | None:
+    """The sizes of an in-process engine's model; None when it cannot serve research: a model outside the
+    Llama family, tensor parallelism or several hosts (the engine checks the same again when
+    the request arrives), or an engine that is not jaxllm's."""
+    inner = getattr(engine, "engine", None)
+    loaded = getattr(inner, "loaded", None)
+    if loaded is None or not getattr(loaded.module, "supports_research", False):
+        return None
+    if getattr(getattr(inner, "tp", None), "mesh", None) is not None or getattr(inner, "step_channel", None):
+        return None
+    arch = loaded.arch
+    return ResearchModel(arch.num_layers, arch.hidden_size, arch.vocab_size, loaded.dtype.itemsize)
+
+
+def capture_bytes(rp: ResearchParams, prompt_len: int, max_tokens: int, n: int, model: ResearchModel) -> int:
+    """The most bytes of activations one prompt's request can capture (all `n` samples)."""
+    # a request with P prompt tokens and G generated ones feeds positions 0 .. P + G - 2 to the model
+    rows = len(rp.positions(prompt_len, prompt_len + max_tokens - 1))
+    per_row = sum(
+        model.vocab_size * LOGITS_ITEMSIZE if s.kind == "logits" else model.hidden_size * model.itemsize
+        for s in rp.capture_sites
+    )
+    return n * rows * per_row
+
+
+def _fits(part: ResearchParams, model: ResearchModel, param: str, strip: str = "") -> None:
+    try:
+        part.check_model(model.num_layers, model.hidden_size)
+    except ValueError as e:
+        name, text = split_field(str(e))
+        p = f"{param}.{name.removeprefix(strip)}" if name else param
+        raise APIError(f"{p}: {text}", param=p) from None
+
+
+def check_research(
+    rp: ResearchParams,
+    field: str,
+    requests: list[tuple[int, int, int]],
+    model: ResearchModel | None,
+    limits: ResearchLimits,
+) -> None:
+    """`requests`: (prompt length, max_tokens, n) of each engine request the HTTP request makes; `field`:
+    where the research object came ("research" or "vllm_xargs.research"). Raises APIError naming the
+    field when the model cannot serve it or it could capture more than the server allows."""
+    if model is None:
+        raise APIError(
+            f"{field}: this server's model has no research sites (Llama family, on one device)", param=field
+        )
+    _fits(ResearchParams(capture=rp.capture), model, field)
+    for i, s in enumerate(rp.steer):
+        _fits(ResearchParams(steer=(s,)), model, f"{field}.steer[{i}]", strip="steer.")
+    total = sum(capture_bytes(rp, p, m, n, model) for p, m, n in requests)
+    if total > limits.max_capture_bytes:
+        param = f"{field}.capture"
+        raise APIError(
+            f"{param}: these sites at these positions could capture {total} bytes; the server allows "
+            f"{limits.max_capture_bytes} (--max-research-capture-bytes): capture fewer sites or positions, "
+            "or lower max_tokens",
+            param=param,
+        )
+
+
+def choice_research(captures: Captures | None, stream: bool) -> dict | None:
+    """A choice's `research` (or a streamed chunk's: only when it holds new positions)."""
+    if captures is None or (stream and not captures.positions):
+        return None
+    return encode_captures(captures)
