@@ -6,7 +6,7 @@ print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=8))[0
 """
 
 from jaxllm.outputs import Captures, CompletionOutput, RequestOutput
-from jaxllm.research_params import ResearchParams, Steer
+from jaxllm.research_params import Patch, ResearchParams, Scale, Steer
 from jaxllm.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
@@ -16,6 +16,8 @@ __all__ = [
     "SamplingParams",
     "ResearchParams",
     "Steer",
+    "Scale",
+    "Patch",
     "RequestOutput",
     "CompletionOutput",
     "Captures",

@@ -201,6 +201,14 @@ class ResearchParams:
             if s.head is not None and s.head >= num_heads:
                 raise ValueError(f"scale.head={s.head}: the model has query heads 0..{num_heads - 1}")
 
+    def positions(self, num_prompt: int, num_computed: int) -> range:
+        """The captured positions among 0 .. num_computed - 1 (the model's inputs so far)."""
+        if self.capture_positions == "prompt":
+            return range(min(num_prompt, num_computed))
+        if self.capture_positions == "generated":
+            return range(num_prompt, max(num_prompt, num_computed))
+        return range(num_computed)
+
     def wants_position(self, p: int, num_prompt: int) -> bool:
         if self.capture_positions == "all":
             return True

@@ -321,6 +321,7 @@ def _captures(c: ChildState, delta: bool = False) -> Captures | None:
         if positions:
             arrays[site] = np.stack([by_position[p] for p in positions])
         else:
-            width = next(iter(by_position.values())).shape if by_position else (0,)
-            arrays[site] = np.zeros((0, *width), np.float32)
+            first = next(iter(by_position.values()), None)
+            shape, dtype = (first.shape, first.dtype) if first is not None else ((0,), np.float32)
+            arrays[site] = np.zeros((0, *shape), dtype)
     return Captures(positions, arrays)

@@ -1,7 +1,9 @@
 """The `research` request field (both generation routes): activations to capture and steering to apply.
 
     {"research": {"capture": ["residual.3", "logits"], "capture_positions": "all",
-                  "steer": [{"site": "residual.5", "vector": [...hidden_size numbers], "scale": 4.0}]}}
+                  "steer": [{"site": "residual.5", "vector": [...hidden_size numbers], "scale": 4.0}],
+                  "scale": [{"site": "attn_out.2", "factor": 0.0, "head": 3}],
+                  "patch": [{"site": "residual.4", "position": 7, "vector": [...]}]}}
     or the same object under vLLM's `vllm_xargs`: {"vllm_xargs": {"research": {...}}} (there also as its
     JSON text, since vLLM types vllm_xargs' values as strings, numbers or lists)
 
@@ -22,7 +24,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from jaxllm.research_params import ResearchParams, Steer
+from jaxllm.research_params import Patch, ResearchParams, Scale, Steer
 from jaxllm.server.protocol_common import FieldError, RequestModel
 from jaxllm.server.research import ResearchLimits, split_field
 
@@ -66,10 +68,57 @@ class SteerBody(RequestModel):
         return self._steer
 
 
+class ScaleBody(RequestModel):
+    """A layer site's activation multiplied by `factor` (0 ablates it); with `head`, one query head's
+    share of attn_out before o_proj."""
+
+    site: str
+    factor: float = 0.0
+    head: int | None = None
+
+    _scale: Scale | None = None
+
+    @model_validator(mode="after")
+    def _as_scale(self):
+        try:
+            self._scale = Scale(self.site, self.factor, self.head)
+        except ValueError as e:
+            raise engine_field_error(e, strip="scale.") from None
+        return self
+
+    @property
+    def scale(self) -> Scale:
+        return self._scale
+
+
+class PatchBody(RequestModel):
+    """A layer site's activation at one position replaced by `vector` (activation patching)."""
+
+    site: str
+    position: int
+    vector: list[float] = Field(min_length=1)
+
+    _patch: Patch | None = None
+
+    @model_validator(mode="after")
+    def _as_patch(self):
+        try:
+            self._patch = Patch(self.site, self.position, self.vector)
+        except ValueError as e:
+            raise engine_field_error(e, strip="patch.") from None
+        return self
+
+    @property
+    def patch(self) -> Patch:
+        return self._patch
+
+
 class ResearchBody(RequestModel):
     capture: list[str] = Field(default_factory=list)
     capture_positions: Literal["prompt", "generated", "all"] = "all"
     steer: list[SteerBody] = Field(default_factory=list)
+    scale: list[ScaleBody] = Field(default_factory=list)
+    patch: list[PatchBody] = Field(default_factory=list)
 
     _params: ResearchParams | None = None
 
@@ -81,7 +130,7 @@ class ResearchBody(RequestModel):
             raise ValueError(f"{len(v)} sites; the server allows at most {limit} (--max-research-sites)")
         return v
 
-    @field_validator("steer")
+    @field_validator("steer", "scale", "patch")
     @classmethod
     def _steers_limit(cls, v, info: ValidationInfo):
         limit = limits_of(info).max_steers
@@ -91,13 +140,15 @@ class ResearchBody(RequestModel):
 
     @model_validator(mode="after")
     def _as_params(self):
-        if not self.capture and not self.steer:
-            raise FieldError("", "asks for nothing: give capture (site names) or steer (vectors)")
+        if not (self.capture or self.steer or self.scale or self.patch):
+            raise FieldError("", "asks for nothing: give capture (site names), steer, scale or patch")
         try:
             self._params = ResearchParams(
                 capture=tuple(self.capture),
                 capture_positions=self.capture_positions,
                 steer=tuple(s.steer for s in self.steer),
+                scale=tuple(s.scale for s in self.scale),
+                patch=tuple(p.patch for p in self.patch),
             )
         except ValueError as e:
             raise engine_field_error(e) from None

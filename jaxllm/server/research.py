@@ -58,6 +58,7 @@ class ResearchModel:
     hidden_size: int
     vocab_size: int
     itemsize: int  # bytes of one captured activation: the model's compute dtype
+    num_heads: int = 1  # query heads (Scale's head index)
 
 
 def research_model(engine) -> ResearchModel | None:
@@ -71,7 +72,9 @@ def research_model(engine) -> ResearchModel | None:
     if getattr(getattr(inner, "tp", None), "mesh", None) is not None or getattr(inner, "step_channel", None):
         return None
     arch = loaded.arch
-    return ResearchModel(arch.num_layers, arch.hidden_size, arch.vocab_size, loaded.dtype.itemsize)
+    return ResearchModel(
+        arch.num_layers, arch.hidden_size, arch.vocab_size, loaded.dtype.itemsize, arch.num_heads
+    )
 
 
 def capture_bytes(rp: ResearchParams, prompt_len: int, max_tokens: int, n: int, model: ResearchModel) -> int:
@@ -87,7 +90,7 @@ def capture_bytes(rp: ResearchParams, prompt_len: int, max_tokens: int, n: int, 
 
 def _fits(part: ResearchParams, model: ResearchModel, param: str, strip: str = "") -> None:
     try:
-        part.check_model(model.num_layers, model.hidden_size)
+        part.check_model(model.num_layers, model.hidden_size, model.num_heads)
     except ValueError as e:
         name, text = split_field(str(e))
         p = f"{param}.{name.removeprefix(strip)}" if name else param
@@ -111,6 +114,10 @@ def check_research(
     _fits(ResearchParams(capture=rp.capture), model, field)
     for i, s in enumerate(rp.steer):
         _fits(ResearchParams(steer=(s,)), model, f"{field}.steer[{i}]", strip="steer.")
+    for i, s in enumerate(rp.scale):
+        _fits(ResearchParams(scale=(s,)), model, f"{field}.scale[{i}]", strip="scale.")
+    for i, p in enumerate(rp.patch):
+        _fits(ResearchParams(patch=(p,)), model, f"{field}.patch[{i}]", strip="patch.")
     total = sum(capture_bytes(rp, p, m, n, model) for p, m, n in requests)
     if total > limits.max_capture_bytes:
         param = f"{field}.capture"

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from jaxllm import LLM, ResearchParams, SamplingParams, Steer
+from jaxllm import LLM, Patch, ResearchParams, SamplingParams, Scale, Steer
 from jaxllm.engine.async_engine import AsyncLLMEngine
 from jaxllm.engine_args import EngineArgs
 from jaxllm.outputs import Captures
@@ -204,6 +204,24 @@ def test_steering_changes_the_text_as_offline(llm, client, dims, prompt_ids, cap
     )
     assert r.choices[0].text == want.text
     assert_same_captures(decode_captures(r.choices[0].research), want.captures)
+    # a head ablated and a residual patched, over HTTP as offline
+    patch = np.random.default_rng(2).standard_normal(dims[0]).astype(np.float32)
+    edits = dict(scale=[Scale("attn_out.1", 0.0, head=2)], patch=[Patch("residual.3", 2, patch)])
+    want = offline(llm, ids, ResearchParams(capture=SITES, **edits))
+    research = {
+        "capture": SITES,
+        "scale": [{"site": "attn_out.1", "factor": 0.0, "head": 2}],
+        "patch": [{"site": "residual.3", "position": 2, "vector": patch.tolist()}],
+    }
+    r = client.completions.create(
+        model=model,
+        prompt=ids,
+        max_tokens=NEW,
+        temperature=0,
+        extra_body={"research": research, "ignore_eos": True},
+    )
+    assert r.choices[0].text == want.text
+    assert_same_captures(decode_captures(r.choices[0].research), want.captures)
 
 
 def test_refused_without_the_flag():
@@ -252,6 +270,12 @@ def bad_cases(hidden: int, layers: int) -> list[tuple[dict, str]]:
         ),
         ({"steer": [{"site": "residual.1", "vector": ok, "scale": "big"}]}, "research.steer[0].scale"),
         ({"steer": [{"site": "residual.1", "vector": ok}] * 3}, "research.steer"),  # more than max_steers
+        ({"scale": [{"site": "mlp_out.1", "factor": 0.0, "head": 2}]}, "research.scale[0].head"),
+        ({"scale": [{"site": "attn_out.1", "factor": 0.0, "head": 10**6}]}, "research.scale[0].head"),
+        ({"scale": [{"site": f"mlp_out.{layers}"}]}, "research.scale[0].site"),
+        ({"patch": [{"site": "residual.1", "position": -1, "vector": ok}]}, "research.patch[0].position"),
+        ({"patch": [{"site": "residual.1", "position": 0, "vector": ok[1:]}]}, "research.patch[0].vector"),
+        ({"scale": [{"site": "attn_out.1", "factor": 0.5, "head": 0}]}, None),
         ({"capture": SITES, "bogus": 1}, None),  # an unknown key is ignored, as everywhere
         ({}, "research"),
         ("residual.1", "research"),
