@@ -188,40 +188,39 @@ def test_chat_captures_equal_offline(llm, client, server, prompt_ids):
     assert_same_captures(caps, want.captures)
 
 
-def test_steering_changes_the_text_as_offline(llm, client, dims, prompt_ids, captured):
+def test_interventions_change_the_text_as_offline(llm, client, dims, prompt_ids, captured):
+    """A steer, then a head ablated with a residual patched: over HTTP the same text and captures as
+    offline (and the steer did change the text)."""
     ids = prompt_ids
-    vector = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
-    want = offline(llm, ids, ResearchParams(capture=SITES, steer=[Steer("residual.5", vector, 4.0)]))
-    assert want.token_ids != captured.token_ids  # the steer did something
     model = client.models.list().data[0].id
-    research = {"capture": SITES, "steer": [{"site": "residual.5", "vector": vector.tolist(), "scale": 4.0}]}
-    r = client.completions.create(
-        model=model,
-        prompt=ids,
-        max_tokens=NEW,
-        temperature=0,
-        extra_body={"research": research, "ignore_eos": True},
-    )
-    assert r.choices[0].text == want.text
-    assert_same_captures(decode_captures(r.choices[0].research), want.captures)
-    # a head ablated and a residual patched, over HTTP as offline
+    vector = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
     patch = np.random.default_rng(2).standard_normal(dims[0]).astype(np.float32)
-    edits = dict(scale=[Scale("attn_out.1", 0.0, head=2)], patch=[Patch("residual.3", 2, patch)])
-    want = offline(llm, ids, ResearchParams(capture=SITES, **edits))
-    research = {
-        "capture": SITES,
-        "scale": [{"site": "attn_out.1", "factor": 0.0, "head": 2}],
-        "patch": [{"site": "residual.3", "position": 2, "vector": patch.tolist()}],
-    }
-    r = client.completions.create(
-        model=model,
-        prompt=ids,
-        max_tokens=NEW,
-        temperature=0,
-        extra_body={"research": research, "ignore_eos": True},
-    )
-    assert r.choices[0].text == want.text
-    assert_same_captures(decode_captures(r.choices[0].research), want.captures)
+    cases = [
+        (
+            dict(steer=[Steer("residual.5", vector, 4.0)]),
+            {"steer": [{"site": "residual.5", "vector": vector.tolist(), "scale": 4.0}]},
+        ),
+        (
+            dict(scale=[Scale("attn_out.1", 0.0, head=2)], patch=[Patch("residual.3", 2, patch)]),
+            {
+                "scale": [{"site": "attn_out.1", "factor": 0.0, "head": 2}],
+                "patch": [{"site": "residual.3", "position": 2, "vector": patch.tolist()}],
+            },
+        ),
+    ]
+    for k, (edits, body) in enumerate(cases):
+        want = offline(llm, ids, ResearchParams(capture=SITES, **edits))
+        if k == 0:
+            assert want.token_ids != captured.token_ids  # the steer did something
+        r = client.completions.create(
+            model=model,
+            prompt=ids,
+            max_tokens=NEW,
+            temperature=0,
+            extra_body={"research": {"capture": SITES, **body}, "ignore_eos": True},
+        )
+        assert r.choices[0].text == want.text, edits
+        assert_same_captures(decode_captures(r.choices[0].research), want.captures)
 
 
 def test_refused_without_the_flag():
