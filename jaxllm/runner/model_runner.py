@@ -327,9 +327,11 @@ class ModelRunner:
         want_prompt_lp = self.requests.num_with_prompt_logprobs > 0 and any(
             _wants_prompt_logprobs(sr, st) for sr, st in zip(scheduled, states)
         )
-        research = build_research_batch(
-            scheduled, states, inputs.cu_q_lens, inputs.shape[0], self.num_layers, self.hidden_size
-        )
+        research = None
+        if self.requests.num_with_research:
+            research = build_research_batch(
+                scheduled, states, inputs.cu_q_lens, inputs.shape[0], self.num_layers, self.hidden_size
+            )
         logits = self._run_model(
             inputs,
             all_logits=want_prompt_lp,

@@ -90,6 +90,8 @@ class RequestStates:
         self.make_constraint = make_constraint  # params -> TokenConstraint | None (ModelRunner's)
         # How many held requests ask for prompt logprobs: a step checks its rows for them only when some do.
         self.num_with_prompt_logprobs = 0
+        # Likewise for research (captures, interventions: runner/research_batch.py).
+        self.num_with_research = 0
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -113,6 +115,8 @@ class RequestStates:
             state = by_id[new.req_id] = RequestState.from_new(new, self.make_constraint)
             if state.params.prompt_logprobs is not None:
                 self.num_with_prompt_logprobs += 1
+            if state.params.research is not None:
+                self.num_with_research += 1
         states = []
         for sr in sched.scheduled:
             state = by_id.get(sr.req_id)
@@ -125,5 +129,9 @@ class RequestStates:
 
     def _drop(self, req_id: str) -> None:
         state = self.by_id.pop(req_id, None)
-        if state is not None and state.params.prompt_logprobs is not None:
+        if state is None:
+            return
+        if state.params.prompt_logprobs is not None:
             self.num_with_prompt_logprobs -= 1
+        if state.params.research is not None:
+            self.num_with_research -= 1

@@ -7,10 +7,10 @@ captured arrays the step returns -> each request's activations by site and posit
     ResearchBatch.split(captures, logits)  -> {req_id: {site name: (positions, array [n, H or V])}}
 
 Buckets: rows R and capture slots C are the next powers of two (at least 8 and 4, even when the step
-captures nothing) of what the step needs; the intervention slots (steers J, scales M, head scales K, patches P) the
-next powers of two of theirs, at least 2 even with none (a step that only captures runs the program of
-one that edits, with neutral values): a handful of variants per token bucket, whatever the mix of layers,
-sites and heads (models/research_hooks.py).
+captures nothing) of what the step needs; the intervention slots (steers J, scales M, head scales K,
+patches P) the next powers of two of theirs, at least 2 even with none (a step that only captures runs
+the program of one that edits, with neutral values): a handful of variants per token bucket, whatever
+the mix of layers, sites and heads (models/research_hooks.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ _MIN_ROWS, _MIN_SLOTS, _MIN_EDITS = 8, 4, 2
 
 
 def _bucket(n: int, floor: int) -> int:
-    return 0 if n == 0 else max(floor, 1 << (n - 1).bit_length())
+    """The next power of two of n, at least `floor` (also for n = 0: see the module docstring)."""
+    return max(floor, 1 << max(0, n - 1).bit_length())
 
 
 @dataclass
@@ -108,7 +109,7 @@ def build_research_batch(
                 continue
             code = site_code(site, num_layers)
             w.slots[str(site)] = codes.setdefault(code, len(codes))
-    r, c = max(_MIN_ROWS, _bucket(len(cap_rows), _MIN_ROWS)), max(_MIN_SLOTS, _bucket(len(codes), _MIN_SLOTS))
+    r, c = _bucket(len(cap_rows), _MIN_ROWS), _bucket(len(codes), _MIN_SLOTS)
     rows = np.zeros(r, np.int32)
     rows[: len(cap_rows)] = cap_rows
     slot_codes = np.full(c, -1, np.int32)
@@ -116,7 +117,7 @@ def build_research_batch(
         slot_codes[slot] = code
     # The intervention slots never drop to 0: a step that only captures runs the program of one that
     # edits (factors 1, scales 0, no patch rows).
-    j, m, k, p = (max(_MIN_EDITS, _bucket(len(x), _MIN_EDITS)) for x in (steers, scales, heads, patches))
+    j, m, k, p = (_bucket(len(x), _MIN_EDITS) for x in (steers, scales, heads, patches))
     steer_codes, vectors = np.full(j, -1, np.int32), np.zeros((j, hidden_size), np.float32)
     steer_scales = np.zeros((j, num_tokens), np.float32)
     for q, (code, vec, scale, lo, hi) in enumerate(steers):
