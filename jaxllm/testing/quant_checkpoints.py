@@ -35,6 +35,7 @@ from pathlib import Path
 from types import ModuleType
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "scripts" / "quant_checkpoints"
+REQUIREMENTS = SCRIPTS_DIR / "requirements.txt"
 DEFAULT_TIMEOUT_S = 1800  # install + build of everything on two cores, with room for a slow index
 _STAMP = ".jaxllm-requirements-sha256"
 
@@ -68,7 +69,7 @@ def checkpoint_names() -> list[str]:
 
 
 def _requirements_hash() -> str:
-    return hashlib.sha256((SCRIPTS_DIR / "requirements.txt").read_bytes()).hexdigest()
+    return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
 
 
 def _tools_interpreter() -> str:
@@ -122,7 +123,7 @@ def _ensure_venv(cache: Path, timeout_s: float) -> Path:
         _run_logged([_tools_interpreter(), "-m", "venv", str(venv)], log, timeout_s)
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
         _run_logged(
-            [str(python), "-m", "pip", "install", "-r", str(SCRIPTS_DIR / "requirements.txt")],
+            [str(python), "-m", "pip", "install", "--no-cache-dir", "-r", str(REQUIREMENTS)],
             log,
             timeout_s,
             env,
