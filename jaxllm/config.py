@@ -139,6 +139,7 @@ class ParallelConfig:
 class RunnerConfig:
     attention_backend: str = "reference"  # never "auto" once resolved
     compile_ahead: bool = False  # compile every bucket at start-up (else on first use)
+    compile_research: bool = False  # and each bucket's step with research, in the background
     compilation_cache_dir: str | None = None  # JAX's persistent cache; None: off
     executable_cache: bool = False  # keep compiled step executables under the compilation cache
     # Each bucket is this much larger than the one below it. On the host every compiled variant costs

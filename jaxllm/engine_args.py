@@ -268,6 +268,11 @@ class EngineArgs:
         "compile every bucket at start-up; default: on accelerators yes, on the CPU no (there each "
         "variant costs seconds, so variants compile on first use and land in the persistent cache)",
     )
+    compile_research_ahead: bool = arg_field(
+        False,
+        "also compile each bucket's model step with research (captures, steering: docs/research.md) at "
+        "start-up, in the background; `jaxllm serve --enable-research-api` turns it on",
+    )
     compilation_cache_dir: str | None = arg_field(
         None,
         "JAX's persistent compilation cache; default: $JAXLLM_CACHE_DIR or ~/.cache/jaxllm/xla; "
@@ -416,6 +421,7 @@ class EngineArgs:
                     else self.attention_backend
                 ),
                 compile_ahead=compile_ahead,
+                compile_research=self.compile_research_ahead and not self.enforce_eager,
                 compilation_cache_dir=cache_dir,
                 executable_cache=keep_executables and platform.executable_cache_supported and bool(cache_dir),
                 bucket_growth=4 if on_host else 2,

@@ -109,6 +109,9 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
     if config.runner.compile_ahead:
         with tp.context():
             compile_time_s = runner.compile_all()
+    if config.runner.compile_research:
+        with tp.context():
+            runner.compile_research_later()
 
     sched = config.scheduler
     info = {

@@ -13,6 +13,11 @@ background threads (tracing holds the GIL, which the steps need; XLA's compilati
 that needs one first waits for its compile instead of compiling it again. Executables also go through
 the executable cache (executable_cache.py), so a warm start loads them without tracing. Prompt logprobs
 use a separate all-rows logits variant, compiled through jit on first use.
+
+With research compiled ahead (`compile_research_later`, the server's --enable-research-api), each bucket's
+model step is also traced before ready with the smallest research inputs (runner/research_batch.py's
+floors: the captures and edits of a batch of decoding requests) and compiled in the background like the
+later sampler variants; steps whose research needs larger slots compile theirs through jit on first use.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from jaxllm.runner.buckets import BucketPlan
 from jaxllm.runner.executable_cache import ExecutableCache, describe_args
 from jaxllm.runner.input_batch import packed_size
 from jaxllm.runner.kv_cache import KVGeometry
+from jaxllm.runner.research_batch import research_dims
 from jaxllm.runner.sampler import compute_prompt_logprobs
 from jaxllm.runner.sampling_metadata import MAX_LOGPROBS, SamplerFlags, build_sampling_metadata
 from jaxllm.runner.xla_options import STEP_TIERS, step_tier, tier_options
@@ -77,6 +83,8 @@ class StepCompiler:
         self.ahead_model: dict = {}  # bucket shape -> model step executable (logits of the sampled rows)
         self.ahead_sample: dict = {}  # (S, flags) -> sampler executable
         self.pending_sample: dict = {}  # (S, flags) -> Future of a variant compiling in the background
+        self.ahead_research: dict = {}  # (bucket shape, research dims) -> model step executable with research
+        self.pending_research: dict = {}  # the same keys -> Future of one compiling in the background
         self.background: ThreadPoolExecutor | None = None
 
     def step_jit(self, shape):
@@ -85,12 +93,15 @@ class StepCompiler:
 
     def sample(self, logits, smd, flags: SamplerFlags):
         """Run the sampler variant `flags`: its executable (waited for while it compiles), else jit."""
-        key = (logits.shape[0], flags)
-        ahead = self.ahead_sample.get(key)
-        if ahead is None and (pending := self.pending_sample.get(key)) is not None:
-            if not pending.cancelled() and pending.exception() is None:  # compiling: wait for it
-                ahead = pending.result()
+        ahead = _ready_or_waited(self.ahead_sample, self.pending_sample, (logits.shape[0], flags))
         return ahead(logits, smd) if ahead is not None else self.sample_jit(logits, smd, flags=flags)
+
+    def research_step(self, shape, dims: tuple[int, ...], research_logits: bool):
+        """The model step with research of these slot sizes, compiled ahead (waited for while it compiles),
+        or None: the caller runs it through jit."""
+        if research_logits:  # captured logits are rare: their variants always go through jit
+            return None
+        return _ready_or_waited(self.ahead_research, self.pending_research, (shape, dims))
 
     def empty_sampling_metadata(self, s: int, flags: SamplerFlags):
         """Sampler inputs of a bucket with no rows: what compiling a sampler variant ahead needs."""
@@ -183,42 +194,75 @@ class StepCompiler:
             self.ahead_sample = {key: f.result() for key, f in samplers.items()}
         self._compile_in_background(todo, max(1, min(4, workers // 2)))
 
-    def _compile_in_background(self, todo: dict, workers: int) -> None:
-        """Compile the sampler variants `todo` ((S, flags) -> a call that returns the executable: compiles
-        a traced variant or loads a stored one) on background threads. Each goes into ahead_sample when
-        done; `sample` waits on one still compiling. At interpreter exit the queued variants are cancelled
-        and the workers finish only the one in hand (a short script does not wait for them:
-        concurrent.futures alone would run the whole queue before exiting)."""
+    def compile_research_later(self, params, kv_caches, research_inputs: Callable[[int], object]) -> None:
+        """Trace each bucket's model step with research (`research_inputs(T)`: the smallest ResearchInputs
+        of a T-token step) now, and compile them on background threads (research_step waits for one still
+        compiling). Steps with research then compile nothing while their slots fit those floors."""
+        sds = jax.ShapeDtypeStruct
+        prev = sds((self.ids_width,), jnp.int32)
+        todo = {}
+        for shape in self.plan.all_shapes():
+            ri = jax.tree.map(lambda x: sds(x.shape, x.dtype), research_inputs(shape[0]))
+            args = (params, kv_caches, sds((packed_size(*shape),), jnp.int32), prev, ri)
+            tier = step_tier(shape[0])
+            desc = (
+                f"model_step shape={shape} all_logits=False research_logits=False tier={tier} "
+                f"options={tier_options(tier)} module={self.module!r} args={describe_args(args)}"
+            )
+            lower = functools.partial(
+                self.step_jit(shape).lower, *args, shape=shape, all_logits=False, research_logits=False
+            )
+            if not self.executables.contains(desc):  # traced here, before ready (tracing holds the GIL)
+                lower = functools.partial(lambda lowered: lowered, lower())
+            todo[(shape, research_dims(ri))] = functools.partial(
+                self.executables.get_or_compile, desc, lambda lower=lower: lower().compile()
+            )
+        self._compile_in_background(
+            todo, 2, self.ahead_research, self.pending_research, "model-step variants with research"
+        )
+
+    def _compile_in_background(
+        self, todo: dict, workers: int, into: dict | None = None, pending: dict | None = None, what: str = ""
+    ) -> None:
+        """Compile the variants `todo` (key -> a call that returns the executable: compiles a traced
+        variant or loads a stored one) on background threads. Each goes into `into` (default: the sampler
+        variants, ahead_sample) when done; until then its Future sits in `pending`, which `sample` and
+        `research_step` wait on. At interpreter exit the queued variants are cancelled and the workers
+        finish only the one in hand (a short script does not wait for them: concurrent.futures alone would
+        run the whole queue before exiting)."""
         if not todo:
             return
+        into = self.ahead_sample if into is None else into
+        pending = self.pending_sample if pending is None else pending
+        what = what or "sampler variants (penalties, logprobs)"
         t0 = time.perf_counter()
-        self.background = ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile-later")
+        pool = self.background = ThreadPoolExecutor(workers, thread_name_prefix="jaxllm-compile-later")
         # Runs before concurrent.futures' own exit hook (these hooks run last-registered first).
-        register_atexit_before_thread_pools(
-            functools.partial(self.background.shutdown, wait=False, cancel_futures=True)
-        )
+        register_atexit_before_thread_pools(functools.partial(pool.shutdown, wait=False, cancel_futures=True))
         left = [len(todo)]
 
         def done(key, fut):
             if not fut.cancelled() and fut.exception() is None:  # a failed one compiles through jit
-                self.ahead_sample[key] = fut.result()
-            self.pending_sample.pop(key, None)
+                into[key] = fut.result()
+            pending.pop(key, None)
             left[0] -= 1
             if left[0] == 0:
                 logger.info(
-                    "compiled %d more sampler variants (penalties, logprobs) in the background in %.1f s",
-                    len(todo), time.perf_counter() - t0,
-                )  # fmt: skip
+                    "compiled %d more %s in the background in %.1f s",
+                    len(todo),
+                    what,
+                    time.perf_counter() - t0,
+                )
 
         for key, build in todo.items():
-            fut = self.background.submit(build)
-            self.pending_sample[key] = fut
+            fut = pool.submit(build)
+            pending[key] = fut
             fut.add_done_callback(lambda f, key=key: done(key, f))
-        self.background.shutdown(wait=False)  # takes no more work; the queued variants still compile
+        pool.shutdown(wait=False)  # takes no more work; the queued variants still compile
 
     def wait_for_background_compiles(self) -> None:
-        """Block until every sampler variant compile_all left to the background is compiled."""
-        for fut in list(self.pending_sample.values()):
+        """Block until every variant left to the background (sampler, research) is compiled."""
+        for fut in [*self.pending_sample.values(), *self.pending_research.values()]:
             if not fut.cancelled():
                 fut.exception()  # waits; a failure is left to jit at first use
 
@@ -260,15 +304,26 @@ class StepCompiler:
 
     # ---- counts --------------------------------------------------------------------------------------
     def num_compiling_in_background(self) -> int:
-        return len(self.pending_sample)
+        return len(self.pending_sample) + len(self.pending_research)
 
     def num_compiled(self) -> int:
         jitted = sum(jit_cache_size(f) for f in (self.sample_jit, self.prompt_logprobs))
-        return jitted + self.model_step_traces() + len(self.ahead_model) + len(self.ahead_sample)
+        ahead = len(self.ahead_model) + len(self.ahead_sample) + len(self.ahead_research)
+        return jitted + self.model_step_traces() + ahead
 
     def model_step_traces(self) -> int:
         """Model-step variants jit compiled on the way (not ahead of time)."""
         return sum(jit_cache_size(step) for step in self.model_steps.values())
+
+
+def _ready_or_waited(ahead: dict, pending: dict, key):
+    """The executable of `key` compiled ahead, waiting for it while it compiles; None if there is none (or
+    its compilation failed: jit then compiles it)."""
+    found = ahead.get(key)
+    if found is None and (fut := pending.get(key)) is not None:
+        if not fut.cancelled() and fut.exception() is None:  # compiling: wait for it
+            found = fut.result()
+    return found
 
 
 def _memory(compiled, field: str) -> int:

@@ -43,7 +43,12 @@ from jaxllm.runner.compiler import StepCompiler
 from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, unpack
 from jaxllm.runner.request_state import RequestState, RequestStates
-from jaxllm.runner.research_batch import ResearchBatch, build_research_batch
+from jaxllm.runner.research_batch import (
+    ResearchBatch,
+    build_research_batch,
+    research_dims,
+    smallest_research_inputs,
+)
 from jaxllm.runner.sampler import SamplerFlags, sample
 from jaxllm.runner.sampling_metadata import (
     MAX_LOGPROBS,
@@ -254,6 +259,18 @@ class ModelRunner:
             workers=workers,
         )
 
+    def compile_research_later(self) -> None:
+        """Each bucket's model step with the smallest research inputs, traced now and compiled in the
+        background (compiler.py): research requests then start without a compile. Not under tensor
+        parallelism, which serves no research."""
+        if self.kv_sharding is not None or not getattr(self.module, "supports_research", False):
+            return
+        self.compiler.compile_research_later(
+            self.params,
+            self.kv_caches,
+            lambda t: smallest_research_inputs(t, self.hidden_size),
+        )
+
     def _warm_sequentially(self) -> None:
         """Run every bucket and sampler variant once through jit, on padding inputs (they write nothing)."""
         for t, s, b in self.plan.all_shapes():
@@ -285,6 +302,14 @@ class ModelRunner:
         # sampler's 13) on the development CPU, on the host's critical path of every step.
         args = (self.params, self.kv_caches, inputs.packed, prev_ids)
         if research is not None:
+            ahead = None
+            if not all_logits:
+                ahead = self.compiler.research_step(
+                    inputs.shape, research_dims(research.inputs), research.logits
+                )
+            if ahead is not None:
+                logits, self.kv_caches, captures = ahead(*args, research.inputs)
+                return logits, captures
             step = self.compiler.step_jit(inputs.shape)
             logits, self.kv_caches, captures = step(
                 *args,

@@ -6,11 +6,16 @@ captured arrays the step returns -> each request's activations by site and posit
     ResearchBatch.inputs                    numpy ResearchInputs, padded to pow2 buckets
     ResearchBatch.split(captures, logits)  -> {req_id: {site name: (positions, array [n, H or V])}}
 
-Buckets: rows R and capture slots C are the next powers of two (at least 8 and 4, even when the step
+Buckets: rows R and capture slots C are the next powers of two (at least 32 and 8, even when the step
 captures nothing) of what the step needs; the intervention slots (steers J, scales M, head scales K,
-patches P) the next powers of two of theirs, at least 2 even with none (a step that only captures runs
+patches P) the next powers of two of theirs, at least 8 even with none (a step that only captures runs
 the program of one that edits, with neutral values): a handful of variants per token bucket, whatever
-the mix of layers, sites and heads (models/research_hooks.py).
+the mix of layers, sites and heads (models/research_hooks.py). The floors are the variant compiled ahead
+(`smallest_research_inputs`, runner/compiler.py): a decode step of up to 32 capturing requests over 8
+sites, with up to 8 steers, scales, head scales and patches, runs it; the slots cost little (steering is
+a [J, T] x [J, H] product per site, the capture buffer [C + 1, R, H] is a few MB).
+
+    research_dims(inputs) -> (R, C, J, M, K, P)   the variant's key
 """
 
 from __future__ import annotations
@@ -24,12 +29,25 @@ from jaxllm.models.research_hooks import ResearchInputs, site_code
 from jaxllm.runner.request_state import RequestState
 from jaxllm.scheduler_output import ScheduledRequest
 
-_MIN_ROWS, _MIN_SLOTS, _MIN_EDITS = 8, 4, 2
+_MIN_ROWS, _MIN_SLOTS, _MIN_EDITS = 32, 8, 8
 
 
 def _bucket(n: int, floor: int) -> int:
     """The next power of two of n, at least `floor` (also for n = 0: see the module docstring)."""
     return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+def research_dims(ri: ResearchInputs) -> tuple[int, ...]:
+    """(R, C, J, M, K, P): the slot sizes that, with the token bucket, pick the compiled variant."""
+    return tuple(
+        int(a.shape[0])
+        for a in (ri.cap_rows, ri.cap_codes, ri.steer_codes, ri.scale_codes, ri.head_layers, ri.patch_codes)
+    )
+
+
+def smallest_research_inputs(num_tokens: int, hidden_size: int) -> ResearchInputs:
+    """Neutral ResearchInputs of a `num_tokens`-token step at the floors: the variant compiled ahead."""
+    return _research_inputs([], [], [], [], [], [], num_tokens, hidden_size)
 
 
 @dataclass
@@ -109,12 +127,27 @@ def build_research_batch(
                 continue
             code = site_code(site, num_layers)
             w.slots[str(site)] = codes.setdefault(code, len(codes))
-    r, c = _bucket(len(cap_rows), _MIN_ROWS), _bucket(len(codes), _MIN_SLOTS)
+    slot_codes = sorted(codes, key=codes.get)  # slot k holds the k-th code seen
+    inputs = _research_inputs(cap_rows, slot_codes, steers, scales, heads, patches, num_tokens, hidden_size)
+    return ResearchBatch(inputs, want_logits, wanted)
+
+
+def _research_inputs(
+    cap_rows: list[int],
+    slot_codes: list[int],
+    steers: list,
+    scales: list,
+    heads: list,
+    patches: list,
+    num_tokens: int,
+    hidden_size: int,
+) -> ResearchInputs:
+    """The padded numpy ResearchInputs of a step's captures and edits (see build_research_batch)."""
+    r, c = _bucket(len(cap_rows), _MIN_ROWS), _bucket(len(slot_codes), _MIN_SLOTS)
     rows = np.zeros(r, np.int32)
     rows[: len(cap_rows)] = cap_rows
-    slot_codes = np.full(c, -1, np.int32)
-    for code, slot in codes.items():
-        slot_codes[slot] = code
+    codes = np.full(c, -1, np.int32)
+    codes[: len(slot_codes)] = slot_codes
     # The intervention slots never drop to 0: a step that only captures runs the program of one that
     # edits (factors 1, scales 0, no patch rows).
     j, m, k, p = (_bucket(len(x), _MIN_EDITS) for x in (steers, scales, heads, patches))
@@ -133,9 +166,9 @@ def build_research_batch(
     patch_values = np.zeros((p, hidden_size), np.float32)
     for q, (code, row, vec) in enumerate(patches):
         patch_codes[q], patch_rows[q], patch_values[q] = code, row, vec
-    inputs = ResearchInputs(
+    return ResearchInputs(
         rows,
-        slot_codes,
+        codes,
         steer_codes,
         vectors,
         steer_scales,
@@ -148,4 +181,3 @@ def build_research_batch(
         patch_rows,
         patch_values,
     )
-    return ResearchBatch(inputs, want_logits, wanted)

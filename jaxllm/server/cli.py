@@ -10,6 +10,7 @@ Flag names and meanings follow vLLM's. With no model the embedded SmolLM2-135M-I
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from typing import NamedTuple
@@ -120,8 +121,11 @@ def serve(args: ServeArgs) -> None:
     for line in flags_without_effect(server):
         logger.info(line)
     names = server.served_model_name
+    engine_args = args.engine
+    if server.enable_research_api:  # research requests then start without compiling their step
+        engine_args = dataclasses.replace(engine_args, compile_research_ahead=True)
     try:
-        engine = AsyncLLMEngine.from_engine_args(args.engine, served_model_name=names[0] if names else None)
+        engine = AsyncLLMEngine.from_engine_args(engine_args, served_model_name=names[0] if names else None)
     except ModelNotFoundError as e:  # the user's model path or id: one line, not a traceback
         logger.error("%s", e)
         sys.exit(1)

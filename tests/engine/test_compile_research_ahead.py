@@ -1,0 +1,71 @@
+"""compile_research_ahead: each bucket's model step with research is traced before ready and compiled in
+the background; research requests whose slots fit the floors then run those executables (jit traces
+nothing) and give the captures and tokens of the same requests compiled through jit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxllm import LLM, SamplingParams
+from jaxllm.research_params import ResearchParams, Scale, Steer
+from jaxllm.runner.research_batch import research_dims, smallest_research_inputs
+
+
+def _llm(folder, cache, research_ahead: bool):
+    return LLM(
+        folder,
+        dtype="float32",
+        max_model_len=128,
+        compilation_cache_dir=cache,
+        compile_ahead=research_ahead,
+        compile_research_ahead=research_ahead,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+    )
+
+
+def _research_run(llm):
+    """Plain, capturing, steering and ablating requests in one batch, prompts split over chunks; captures
+    of at most 32 rows a step (the floor: more compiles a larger variant)."""
+    rng = np.random.default_rng(5)
+    hidden = llm.llm_engine.runner.hidden_size
+    vec = rng.standard_normal(hidden).astype(np.float32)
+    prompts = [rng.integers(3, 300, int(n)).tolist() for n in (5, 70, 17, 20)]
+    research = [
+        None,
+        ResearchParams(capture=["residual.0", "mlp_out.1", "final_norm"], capture_positions="generated"),
+        ResearchParams(steer=[Steer("residual.0", vec, 2.0)]),
+        ResearchParams(
+            capture=["attn_out.1"], scale=[Scale("mlp_out.0", 0.0), Scale("attn_out.1", 0.5, head=1)]
+        ),
+    ]
+    params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, research=r) for r in research]
+    outs = llm.generate(None, params, prompt_token_ids=prompts, use_tqdm=False)
+    tokens = [o.outputs[0].token_ids for o in outs]
+    caps = [o.outputs[0].captures for o in outs]
+    return tokens, caps
+
+
+def test_research_steps_run_the_executables_compiled_ahead(tiny_llama_dir, jax_cache_dir):
+    jit_tokens, jit_caps = _research_run(_llm(tiny_llama_dir, jax_cache_dir, research_ahead=False))
+    llm = _llm(tiny_llama_dir, jax_cache_dir, research_ahead=True)
+    runner = llm.llm_engine.runner
+    runner.wait_for_background_compiles()
+    shapes = runner.plan.all_shapes()
+    floors = research_dims(smallest_research_inputs(8, runner.hidden_size))
+    assert floors == (32, 8, 8, 8, 8, 8)
+    assert set(runner.compiler.ahead_research) == {(s, floors) for s in shapes}
+    tokens, caps = _research_run(llm)
+    # Every step, with research or without, ran an executable compiled ahead: jit traced nothing.
+    assert runner.compiler.model_step_traces() == 0
+    assert tokens == jit_tokens
+    assert [c is None for c in caps] == [True, False, True, False]
+    for got, want in zip(caps, jit_caps):
+        if want is None:
+            continue
+        assert got.positions == want.positions and sorted(got.arrays) == sorted(want.arrays)
+        for site, a in want.arrays.items():
+            np.testing.assert_allclose(got.arrays[site], a, rtol=1e-5, atol=1e-5)
+    # "generated": each sampled token fed back (not the last); "all": the 20 prompt positions too.
+    assert caps[1].arrays["final_norm"].shape == (6 - 1, runner.hidden_size)
+    assert caps[3].arrays["attn_out.1"].shape == (20 + 6 - 1, runner.hidden_size)
