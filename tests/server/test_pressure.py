@@ -1,5 +1,7 @@
-"""Memory pressure and back-pressure on the real engine (the embedded SmolLM2-135M) behind the real server,
-with a deliberately tiny KV cache (12 blocks of 16: 176 usable tokens, well under max_model_len):
+"""Memory pressure and back-pressure on the real engine behind the real server (a tiny random Llama with a
+byte-level tokenizer: every batch shape compiles in about a second on the CPU, where the embedded model
+took minutes for the shapes a preemption burst makes), with a deliberately tiny KV cache (12 blocks of 16:
+176 usable tokens, well under max_model_len):
 
 - requests whose total demand exceeds the cache all finish, through preemption (swap and recompute), each
   with the text it has alone (greedy; a near-tie flipped by batch-dependent rounding is allowed);
@@ -23,6 +25,7 @@ from jaxllm.engine_args import EngineArgs
 from jaxllm.server.app import build_app
 from jaxllm.server.args import ServerArgs
 from jaxllm.server.request_log import RequestLogger
+from jaxllm.testing.tiny_models import save_tiny_llama
 from tests.server.conftest import LiveServer
 from tests.server.sse import first_difference_is_a_near_tie, parse_sse
 
@@ -40,14 +43,15 @@ MAX_TOKENS = 40  # each request: about 50 tokens = 4 blocks; six of them want tw
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(tmp_path_factory):
     args = EngineArgs(
+        model=save_tiny_llama(str(tmp_path_factory.mktemp("tiny_llama"))),
         max_model_len=256,
         num_gpu_blocks_override=BLOCKS,
         block_size=BLOCK,
         swap_space=0.002,  # two host blocks: some preemptions swap, the rest recompute
         max_num_seqs=8,
-        max_num_batched_tokens=256,
+        max_num_batched_tokens=64,
     )
     engine = AsyncLLMEngine.from_engine_args(args)
     with LiveServer(build_app(engine, disconnect_poll_s=0.05, log_stats=False)) as s:
@@ -130,7 +134,9 @@ def test_a_request_that_can_never_fit_is_refused_naming_the_limit(served):
     assert r.status_code == 400, r.text
     e = r.json()["error"]
     assert e["param"] == "max_tokens" and str(CAPACITY) in e["message"], e
-    long_prompt = " ".join(["word"] * (CAPACITY + 10))  # a prompt alone larger than the cache
+    long_prompt = [5] * (
+        CAPACITY + 10
+    )  # token ids: a prompt alone larger than the cache, within max_model_len
     r = _complete(server.url, long_prompt, max_tokens=1)
     assert r.status_code == 400, r.text
     e = r.json()["error"]
@@ -144,28 +150,42 @@ def test_past_max_num_queued_reqs_is_503_with_retry_after(served):
     server, engine = served
     _wait_idle(engine)
     engine.max_num_queued_reqs = 2
+    # Each step slowed to 50 ms, so the two requests below are still held when the third comes (the tiny
+    # model would otherwise finish them in a fraction of a second).
+    scheduler = engine.engine.scheduler
+    schedule = scheduler.schedule
+
+    def slow_schedule():
+        time.sleep(0.05)
+        return schedule()
+
+    scheduler.schedule = slow_schedule
     try:
         r = _complete(server.url, "Hello", n=3, max_tokens=2)  # n counts n, as vLLM's
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         e = r.json()["error"]
         assert set(e) == {"message", "type", "param", "code"} and e["code"] == "server_overloaded"
         assert "--max-num-queued-reqs" in e["message"] and "2" in e["message"]
-        with httpx.Client(base_url=server.url, timeout=600) as c:
-            body = {"prompt": "Once upon a time", "max_tokens": 120, "ignore_eos": True, "stream": True}
-            with (
-                c.stream("POST", "/v1/completions", json=body) as s1,
-                c.stream("POST", "/v1/completions", json=body) as s2,
-            ):
-                firsts = [next(s.iter_lines()) for s in (s1, s2)]  # both taken and running
-                assert all(f.startswith("data: ") for f in firsts)
-                r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-                assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
-                rests = ["\n".join([firsts[i], *s.iter_lines()]) for i, s in enumerate((s1, s2))]
-            for text in rests:  # the two streams in flight were not disturbed
-                chunks = parse_sse(text.replace("\n", "\n\n"))
-                assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            held = [
+                pool.submit(_complete, server.url, "Once upon a time", max_tokens=60, stream=s)
+                for s in (False, True)
+            ]
+            deadline = time.monotonic() + 60
+            while engine.num_queued_seqs < 2:  # both taken
+                assert time.monotonic() < deadline and not any(f.done() for f in held), "not both held"
+                time.sleep(0.01)
+            r = _complete(server.url, "x", max_tokens=2)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+            assert not any(f.done() for f in held), "the check came after a held request ended"
+            plain, streamed = (f.result() for f in held)
+        # The two requests held meanwhile were not disturbed.
+        assert plain.status_code == 200 and plain.json()["choices"][0]["finish_reason"] == "length"
+        assert streamed.status_code == 200
+        assert parse_sse(streamed.text)[-1]["choices"][0]["finish_reason"] == "length"
     finally:
         engine.max_num_queued_reqs = None
+        scheduler.schedule = schedule
     _wait_idle(engine)
     assert _complete(server.url, "Hello", max_tokens=2).status_code == 200
 
@@ -175,15 +195,15 @@ def test_timeout_aborts_and_frees_the_blocks(served, stream):
     server, engine = served
     _wait_idle(engine)
     start_free = _free_blocks(engine)
-    # 150 tokens take seconds on a CPU; the request asks to be dropped after 0.3 s.
-    r = _complete(server.url, "Tell me a story", max_tokens=150, timeout=0.3, stream=stream)
+    # 160 tokens take far longer than the 0.02 s after which the request asks to be dropped.
+    r = _complete(server.url, "Tell me a story", max_tokens=160, timeout=0.02, stream=stream)
     if stream and r.status_code == 200:  # the deadline passed after the first event: an error event
         events = parse_sse(r.text)
         e = events[-1]["error"]
     else:  # before any output (a stream's too): a 408
         assert r.status_code == 408, r.text
         e = r.json()["error"]
-    assert e["param"] == "timeout" and e["code"] == "timeout" and "0.3" in e["message"], e
+    assert e["param"] == "timeout" and e["code"] == "timeout" and "0.02" in e["message"], e
     _wait_idle(engine)
     assert _free_blocks(engine) == start_free
     assert engine.get_stats().kv_cache_usage == 0.0
