@@ -223,6 +223,12 @@ class EngineArgs:
         "fcfs", "fcfs: arrival order; priority: requests' priority, then arrival", choices=SCHEDULING_POLICIES
     )
     async_scheduling: bool = arg_field(True, "schedule the next step while the device runs the current one")
+    max_num_queued_reqs: int | None = arg_field(
+        None,
+        "the server's bound on sequences waiting or running (a request with n > 1 counts n); past it a "
+        "request is refused with a 503 and Retry-After (vLLM's flag); default: no bound",
+        ge=1,
+    )
     # ---- devices and hosts -----------------------------------------------------------------------------
     tensor_parallel_size: int = arg_field(1, "devices the model is split over", aliases=("-tp",), ge=1)
     pipeline_parallel_size: int = arg_field(

@@ -13,3 +13,13 @@ from __future__ import annotations
 class EngineDeadError(RuntimeError):
     """The engine loop failed while this request was in flight: nothing more will come for it. A server
     fault, not the client's; the engine takes no further requests and the process should be restarted."""
+
+
+class EngineOverloadedError(RuntimeError):
+    """The engine already holds --max-num-queued-reqs sequences (waiting or running): this request was not
+    taken. Nothing is wrong with it or the engine; the server answers 503 with Retry-After so that the
+    client (or a load balancer) tries again later or elsewhere, instead of the queue growing unbounded."""
+
+    def __init__(self, message: str, limit: int):
+        super().__init__(message)
+        self.limit = limit

@@ -263,6 +263,12 @@ class Scheduler:
         return self.kv.pool.reset_prefix_cache()
 
     @property
+    def max_kv_tokens(self) -> int:
+        """Tokens the whole device KV cache holds (every usable block): a request whose prompt + max_tokens
+        exceed it could never finish, however long it waited or whatever was preempted for it."""
+        return self.kv.pool.num_usable_blocks * self.block_size
+
+    @property
     def num_free_cpu_blocks(self) -> int:
         return len(self._free_cpu_blocks)
 

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 
 from jaxllm.engine.llm_engine import LLMEngine
 from jaxllm.engine_args import EngineArgs
-from jaxllm.engine_errors import EngineDeadError
+from jaxllm.engine_errors import EngineDeadError, EngineOverloadedError
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats, IterationTokens
@@ -43,15 +43,23 @@ logger = logging.getLogger("jaxllm")
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine, served_model_name: str | None = None):
+    def __init__(
+        self, engine: LLMEngine, served_model_name: str | None = None, max_num_queued_reqs: int | None = None
+    ):
+        """`max_num_queued_reqs` (vLLM's --max-num-queued-reqs): the most sequences (a request with n > 1
+        counts n) waiting or running at once; past it generate() raises EngineOverloadedError. None: no
+        bound."""
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = served_model_name or engine.loaded.model_name
         self.sampling_defaults = engine.sampling_defaults  # for requests that leave fields out
         self.max_model_len = engine.max_model_len
+        self.max_kv_tokens = engine.scheduler.max_kv_tokens  # the whole KV cache, in tokens
+        self.max_num_queued_reqs = max_num_queued_reqs
         self.vocab_size = engine.loaded.arch.vocab_size
         self.startup_info = dict(engine.startup_info, served_model_name=self.model_name)
         self._queues: dict[str, asyncio.Queue] = {}  # the event loop's alone
+        self._num_seqs: dict[str, int] = {}  # request id -> its n, for each request in _queues
         # The hand-over to the engine thread: adds (a prepared request) and aborts (a request id) in the
         # order they happened, swapped out under the lock.
         self._lock = threading.Lock()
@@ -73,7 +81,7 @@ class AsyncLLMEngine:
     def from_engine_args(
         cls, args: EngineArgs, *, served_model_name: str | None = None, usage: str = "server"
     ) -> AsyncLLMEngine:
-        return cls(LLMEngine.from_engine_args(args, usage), served_model_name)
+        return cls(LLMEngine.from_engine_args(args, usage), served_model_name, args.max_num_queued_reqs)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -125,11 +133,19 @@ class AsyncLLMEngine:
             raise RuntimeError(f"the engine loop failed: {self.errored!r}")
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        limit = self.max_num_queued_reqs
+        if limit is not None and self.num_queued_seqs + sampling_params.n > limit:
+            raise EngineOverloadedError(
+                f"the server is at its limit of {limit} queued sequences (--max-num-queued-reqs); "
+                "try again later",
+                limit,
+            )
         parent = self.engine.prepare_request(
             request_id, prompt, sampling_params, priority=priority, compile_grammar=False
         )
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
+        self._num_seqs[request_id] = sampling_params.n
         so = sampling_params.structured_outputs
         if so is not None and self.engine.grammars.cached(so) is None:
             # A new grammar compiles on an executor thread (llguidance drops the GIL): neither the event loop
@@ -150,7 +166,7 @@ class AsyncLLMEngine:
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.compile_grammar, params)
         except BaseException:
-            self._queues.pop(request_id, None)
+            self._forget(request_id)
             raise
         if self._queues.get(request_id) is not q:  # aborted while compiling
             return
@@ -173,8 +189,17 @@ class AsyncLLMEngine:
             if not finished:
                 await self.abort(request_id)
 
+    @property
+    def num_queued_seqs(self) -> int:
+        """Sequences of the requests this engine holds (taken, not yet finished or aborted)."""
+        return sum(self._num_seqs.values())
+
+    def _forget(self, request_id: str) -> asyncio.Queue | None:
+        self._num_seqs.pop(request_id, None)
+        return self._queues.pop(request_id, None)
+
     async def abort(self, request_id: str) -> None:
-        if self._queues.pop(request_id, None) is not None:
+        if self._forget(request_id) is not None:
             with self._lock:
                 self._pending.append(request_id)
             self._work.set()
@@ -237,10 +262,11 @@ class AsyncLLMEngine:
             if q is not None:
                 q.put_nowait(out)
                 if out.finished:
-                    self._queues.pop(out.request_id, None)
+                    self._forget(out.request_id)
 
     def _fail_all(self, e: BaseException) -> None:
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(f"engine failure: {e!r}"))
         self._queues.clear()
+        self._num_seqs.clear()
         self._failed.set()

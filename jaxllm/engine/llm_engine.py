@@ -140,6 +140,7 @@ class LLMEngine:
             self.compile_grammar(params)
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        max_tokens = self._check_kv_fit(len(ids), max_tokens, params.max_tokens is None)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         children = []
         for i in range(params.n):
@@ -164,6 +165,27 @@ class LLMEngine:
             )
             children.append(ChildState(req, i, detok))
         return ParentState(request_id, text, list(ids), children, RequestMetrics(arrival_time=arrival))
+
+    def _check_kv_fit(self, prompt_len: int, max_tokens: int, default: bool) -> int:
+        """max_tokens, refused (ValueError naming max_tokens and the limit) when the prompt and max_tokens
+        could never be in the KV cache at once: such a request would wait or be preempted forever. A
+        max_tokens left out is cut to what the cache leaves. The check is made here, before the request
+        reaches the scheduler, so that it never fails on the engine thread."""
+        capacity = self.scheduler.max_kv_tokens
+        blocks = f"({capacity // self.scheduler.block_size} blocks of {self.scheduler.block_size})"
+        if prompt_len >= capacity:
+            raise ValueError(
+                f"prompt is {prompt_len} tokens long; the whole KV cache holds {capacity} tokens {blocks} and "
+                "must leave room to generate"
+            )
+        if default:
+            max_tokens = min(max_tokens, capacity - prompt_len)
+        if prompt_len + max_tokens > capacity:
+            raise ValueError(
+                f"max_tokens={max_tokens}: the prompt's {prompt_len} tokens + max_tokens need "
+                f"{prompt_len + max_tokens} tokens of KV cache; the whole KV cache holds {capacity} {blocks}"
+            )
+        return max_tokens
 
     def _check_token_rules(self, params: SamplingParams) -> SamplingParams:
         """Token ids within the vocabulary; bad_words as token ids (vLLM's: the word at the start of the

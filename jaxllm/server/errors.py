@@ -15,6 +15,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable",
@@ -25,12 +26,20 @@ _FIELD_RE = re.compile(r"^(\w+)=")
 class APIError(Exception):
     """An error a client caused (or a server fault), carried to the response with its status."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
+        self.headers = headers  # extra response headers (Retry-After on a 503 of a full queue)
 
 
 def from_value_error(exc: ValueError, status: int = 400) -> APIError:
@@ -52,4 +61,6 @@ def error_body(message: str, status: int, param: str | None = None, code: str | 
 
 
 def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.status, exc.param, exc.code), status_code=exc.status)
+    return JSONResponse(
+        error_body(exc.message, exc.status, exc.param, exc.code), status_code=exc.status, headers=exc.headers
+    )

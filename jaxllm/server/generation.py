@@ -7,7 +7,9 @@ several prompts --start_all--> primed streams (an engine ValueError becomes a 40
     is sent) --merge--> (prompt index, RequestOutput) as produced, or --collect--> final outputs,
     polling `request.is_disconnected()` so a client that leaves has its requests aborted.
 The engine failing mid-request (EngineDeadError) is a server fault: a 500, or an error event in a stream
-that has started; a request that arrives after the failure is refused with a 503.
+that has started; a request that arrives after the failure is refused with a 503. A request that finds the
+engine at --max-num-queued-reqs is refused with a 503 and Retry-After (EngineOverloadedError). A request
+that gives `timeout` is aborted when it passes (its KV blocks freed): a 408, or an error event in a stream.
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from typing import Any
 
 import anyio
 
-from jaxllm.engine_errors import EngineDeadError
+from jaxllm.engine_errors import EngineDeadError, EngineOverloadedError
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import RequestOutputKind, SamplingParams
 from jaxllm.server.errors import APIError, from_value_error
 from jaxllm.server.metrics import ServerMetrics
 from jaxllm.server.protocol import CommonFields
+
+# Seconds a client refused for a full queue is told to wait (Retry-After): a step or two of a busy engine,
+# short enough that a retry finds the room freed by requests that finished meanwhile.
+RETRY_AFTER_S = 1
 
 
 class ClientDisconnected(Exception):
@@ -58,9 +64,12 @@ def make_sampling_params(
     prompt_logprobs: int | None = None,
     prompt_param: str = "prompt",
     vocab_size: int | None = None,
+    max_kv_tokens: int | None = None,
 ) -> SamplingParams:
-    """SamplingParams for one prompt; max_tokens=None means what the context leaves. A stream gets DELTA
-    outputs (its chunks are the deltas), a single response FINAL_ONLY (one output at the end)."""
+    """SamplingParams for one prompt; max_tokens=None means what the context (and the KV cache) leaves. A
+    stream gets DELTA outputs (its chunks are the deltas), a single response FINAL_ONLY (one output at the
+    end). `max_kv_tokens`: the whole KV cache in tokens; a request that could never be in it at once (it
+    would wait or be preempted forever) is refused here, naming the limit."""
     if prompt_len >= max_model_len:
         raise APIError(
             f"This model's maximum context length is {max_model_len} tokens. However, your request has "
@@ -68,7 +77,15 @@ def make_sampling_params(
             param=prompt_param,
             code="context_length_exceeded",
         )
-    max_tokens = common.max_tokens if common.max_tokens is not None else max_model_len - prompt_len
+    kv_limit = max_model_len if max_kv_tokens is None else min(max_model_len, max_kv_tokens)
+    if prompt_len >= kv_limit:
+        raise APIError(
+            f"{prompt_param}: {prompt_len} tokens; the whole KV cache holds {kv_limit} tokens and must leave "
+            "room to generate (--num-gpu-blocks-override, --gpu-memory-utilization)",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    max_tokens = common.max_tokens if common.max_tokens is not None else kv_limit - prompt_len
     if vocab_size is not None:
         for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):
             bad = sorted({t for t in common.sampling.get(name) or () if t >= vocab_size})
@@ -94,7 +111,22 @@ def make_sampling_params(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    if prompt_len + max_tokens > kv_limit:
+        raise APIError(
+            f"max_tokens: {prompt_len} prompt tokens + max_tokens {max_tokens} = {prompt_len + max_tokens} "
+            f"tokens; the whole KV cache holds {kv_limit} tokens (--num-gpu-blocks-override, "
+            "--gpu-memory-utilization). Please reduce the length of the input or the completion.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
     return params
+
+
+def deadline_of(common: CommonFields) -> float | None:
+    """The event loop's time at which the request's `timeout` passes (None: it gave none)."""
+    if common.timeout is None:
+        return None
+    return asyncio.get_running_loop().time() + common.timeout
 
 
 async def shielded(coro) -> None:
@@ -110,13 +142,32 @@ async def tracked(
     request_id: str,
     metrics: ServerMetrics,
     priority: int = 0,
+    timeout: float | None = None,
+    deadline: float | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    """engine.generate, observed for metrics; a consumer that stops early (disconnect, error) aborts it."""
+    """engine.generate, observed for metrics; a consumer that stops early (disconnect, error) aborts it.
+    `deadline` (the event loop's clock) ends the request there: aborted, then APIError 408 naming the
+    request's `timeout` (seconds)."""
     tracker = metrics.tracker(params.output_kind, n=params.n, max_tokens=params.max_tokens)
     finished = False
     gen = engine.generate(prompt, params, request_id, priority=priority)
+    loop = asyncio.get_running_loop()
     try:
-        async for ro in gen:
+        while True:
+            try:
+                if deadline is None:
+                    ro = await gen.__anext__()
+                else:  # on expiry the generator is cancelled at its await and closes; the abort follows
+                    ro = await asyncio.wait_for(gen.__anext__(), max(deadline - loop.time(), 0.0))
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise APIError(
+                    f"timeout: the request did not finish within its timeout of {timeout:g} s and was aborted",
+                    status=408,
+                    param="timeout",
+                    code="timeout",
+                ) from None
             tracker.on_output(ro)
             finished = ro.finished
             yield ro
@@ -142,6 +193,10 @@ async def _prepend(first: Any, rest: AsyncIterator) -> AsyncIterator:
 def _engine_error(e: BaseException) -> BaseException:
     if isinstance(e, APIError):
         return e
+    if isinstance(e, EngineOverloadedError):
+        return APIError(
+            str(e), status=503, code="server_overloaded", headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
     if isinstance(e, ValueError):
         return from_value_error(e)
     if isinstance(e, RuntimeError):  # the engine is shutting down or its loop failed before this request

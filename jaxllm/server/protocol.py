@@ -77,6 +77,7 @@ class CommonFields:
     prompt_logprobs: int | None = None  # asked for explicitly (vLLM's extra); returned in the response
     constraint_field: str | None = None  # the field an output constraint came in, if any
     research_field: str | None = None  # "research" or "vllm_xargs.research" when given (sampling has it)
+    timeout: float | None = None  # seconds: the request is aborted when they pass
 
 
 def _common(b: CompletionBody | ChatCompletionBody) -> CommonFields:
@@ -93,6 +94,7 @@ def _common(b: CompletionBody | ChatCompletionBody) -> CommonFields:
         prompt_logprobs=b.prompt_logprobs,
         constraint_field=b.structured_field,
         research_field=b.research_field,
+        timeout=b.timeout,
     )
 
 

@@ -36,6 +36,10 @@ from jaxllm.server.errors import APIError
 logger = logging.getLogger("jaxllm.server")
 
 MAX_N = 128  # samples per prompt; more is almost certainly a mistake and would flood the engine
+# Stop strings: every new piece of text is searched for each of them, so their number and length bound the
+# detokenizer's work per token. OpenAI allows 4; these leave room for vLLM users' longer lists.
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
 DEFAULT_MAX_LOGPROBS = 20  # --max-logprobs' default (vLLM's)
 F32_MAX = 3.4e38  # the sampler computes in float32: a larger value would become inf there
 
@@ -336,6 +340,10 @@ class SamplingBody(RequestModel):
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_grammar: str | None = None
     priority: int | None = None
+    # jaxllm's: seconds after which the request is aborted (its KV blocks freed) and answered with a 408 or,
+    # in a stream, an error event. OpenAI's SDKs' own `timeout=` stays on the client; send this one in
+    # extra_body.
+    timeout: float | None = Field(default=None, gt=0.0)
 
     _structured: StructuredOutputsParams | None = PrivateAttr(default=None)
     _structured_field: str | None = PrivateAttr(default=None)  # the field it came in
@@ -344,6 +352,20 @@ class SamplingBody(RequestModel):
     @classmethod
     def _prompt_logprobs_limit(cls, v, info):
         return check_logprobs_limit("prompt_logprobs", v, info.context)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_limits(cls, v):
+        strings = [v] if isinstance(v, str) else (v or [])
+        if len(strings) > MAX_STOP_STRINGS:
+            raise ValueError(f"{len(strings)} stop strings is more than the limit of {MAX_STOP_STRINGS}")
+        for i, text in enumerate(strings):
+            if len(text) > MAX_STOP_STRING_CHARS:
+                where = "" if isinstance(v, str) else f"stop[{i}] "
+                raise ValueError(
+                    f"{where}is {len(text)} characters long, more than the limit of {MAX_STOP_STRING_CHARS}"
+                )
+        return v
 
     @field_validator("logit_bias")
     @classmethod

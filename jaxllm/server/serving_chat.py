@@ -28,6 +28,7 @@ from jaxllm.server.generation import (
     check_model,
     check_prompt_ids,
     collect,
+    deadline_of,
     make_sampling_params,
     merge,
     shielded,
@@ -73,6 +74,7 @@ def render_chat(state: ServerState, req: ChatRequest, tools: list[dict] | None =
 
 async def create_chat_completion(state: ServerState, body: dict, request) -> Response:
     req = parse_chat(body, state.max_logprobs, state.research_limits)
+    deadline = deadline_of(req.common)
     model = check_model(req.common.model, state.served_names)
     plan = plan_tool_calls(tool_request(req), auto_tool_choice=state.auto_tool_choice)
     if plan.schema is not None:
@@ -105,6 +107,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
         prompt_logprobs=req.common.prompt_logprobs,
         prompt_param="messages",
         vocab_size=state.vocab_size,
+        max_kv_tokens=state.max_kv_tokens,
     )
     research = req.common.sampling.get("research")
     if research is not None:
@@ -115,7 +118,9 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, ids, params)
     created = int(time.time())
-    stream = tracked(state.engine, ids, params, rid, state.metrics, req.common.priority)
+    stream = tracked(
+        state.engine, ids, params, rid, state.metrics, req.common.priority, req.common.timeout, deadline
+    )
     try:
         (stream,) = await start_all([stream], request, state.disconnect_poll_s)
     except ClientDisconnected:

@@ -19,6 +19,7 @@ from jaxllm.server.generation import (
     check_model,
     check_prompt_ids,
     collect,
+    deadline_of,
     make_sampling_params,
     merge,
     shielded,
@@ -42,6 +43,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 async def create_completion(state: ServerState, body: dict, request) -> Response:
     req = parse_completion(body, state.max_logprobs, state.research_limits)
+    deadline = deadline_of(req.common)
     model = check_model(req.common.model, state.served_names)
     tok = state.tokenizer
     prompts: list[tuple[str, list[int]]] = []
@@ -66,6 +68,7 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                 logprobs=req.logprobs,
                 prompt_logprobs=max(asked) if asked else None,
                 vocab_size=state.vocab_size,
+                max_kv_tokens=state.max_kv_tokens,
             )
         )
     research = req.common.sampling.get("research")
@@ -80,7 +83,7 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
     created = int(time.time())
     priority = req.common.priority
     streams = [
-        tracked(state.engine, ids, sp, f"{rid}-{i}", state.metrics, priority)
+        tracked(state.engine, ids, sp, f"{rid}-{i}", state.metrics, priority, req.common.timeout, deadline)
         for i, ((_, ids), sp) in enumerate(zip(prompts, params, strict=True))
     ]
     try:

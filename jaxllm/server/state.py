@@ -64,5 +64,10 @@ class ServerState:
         return self.engine.max_model_len
 
     @property
+    def max_kv_tokens(self) -> int | None:
+        """Tokens the engine's whole KV cache holds (None: an engine that does not say)."""
+        return getattr(self.engine, "max_kv_tokens", None)
+
+    @property
     def model_name(self) -> str:
         return self.served_names[0]
