@@ -78,6 +78,7 @@ ENGINE_FLAGS = {
     "attention_backend": (["--attention-backend", "reference"], "reference"),
     "enforce_eager": (["--enforce-eager"], True),
     "compile_ahead": (["--no-compile-ahead"], False),
+    "compile_research_ahead": (["--compile-research-ahead"], True),
     "compilation_cache_dir": (["--compilation-cache-dir", ""], ""),
     "executable_cache": (["--executable-cache"], True),
 }
