@@ -185,7 +185,8 @@ def _moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dict[str, An
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes the latter
     if experts is None:
         raise ValueError("Qwen3MoeForCausalLM config has no num_experts")
-    step = int(cfg.get("decoder_sparse_step") or 1)
+    step = cfg.get("decoder_sparse_step")
+    step = 1 if step is None else int(step)
     if step < 1:
         raise ValueError(f"decoder_sparse_step={step} must be >= 1")
     only = [int(i) for i in cfg.get("mlp_only_layers") or []]
