@@ -124,3 +124,26 @@ def test_bad_moe_configs_name_the_field():
         ModelArchConfig.from_hf(dict(base, mlp_only_layers=[7]))
     with pytest.raises(ValueError, match="decoder_sparse_step=0"):
         ModelArchConfig.from_hf(dict(base, decoder_sparse_step=0))
+
+
+def test_a_missing_expert_tensor_is_named(tmp_path):
+    """The loader stacks one checkpoint tensor per expert; a checkpoint that lacks one says which."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.numpy import load_file, save_file
+
+    from jaxllm.config import ModelSpec
+    from jaxllm.loader import load_model
+
+    config = transformers.MixtralConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_local_experts=3, num_experts_per_tok=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.MixtralForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(path)
+    del tensors["model.layers.0.block_sparse_moe.experts.1.w2.weight"]
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"layers_0/mlp/experts/down_proj/kernel of experts \[1\]"):
+        load_model(ModelSpec(model=str(tmp_path), dtype="float32"))
