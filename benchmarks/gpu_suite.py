@@ -92,6 +92,13 @@ class SuitePreset:
         )
 
     @classmethod
+    def qwen3_30b_a3b(cls) -> SuitePreset:
+        """Mixture of experts at Qwen3-30B-A3B's shape (48 layers, 128 experts, 8 per token), bf16: 61 GB of
+        weights on one 80 GB card. The Llama-3.1-8B workload, so the two read side by side; the bound is
+        that of the active parameters (benchmarks/roofline.py)."""
+        return dataclasses.replace(cls.llama8b(), name="qwen3-30b-a3b", model="qwen3-30b-a3b")
+
+    @classmethod
     def cpu_smoke(cls) -> SuitePreset:
         """The same path at the tiny-llama shape, small enough for a CPU in about a minute."""
         return cls(
@@ -113,7 +120,15 @@ class SuitePreset:
         )
 
 
-PRESETS = {"llama-3.1-8b": SuitePreset.llama8b, "cpu-smoke": SuitePreset.cpu_smoke}
+PRESETS = {
+    "llama-3.1-8b": SuitePreset.llama8b,
+    "qwen3-30b-a3b": SuitePreset.qwen3_30b_a3b,
+    "cpu-smoke": SuitePreset.cpu_smoke,
+    # the MoE path (tiny-qwen3-moe: router, ragged_dot experts) through every part, on a CPU
+    "cpu-smoke-moe": lambda: dataclasses.replace(
+        SuitePreset.cpu_smoke(), name="cpu-smoke-moe", model="tiny-qwen3-moe"
+    ),
+}
 
 
 def make_parser() -> argparse.ArgumentParser:

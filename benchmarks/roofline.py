@@ -9,6 +9,10 @@ row by row, so it does not count unless it is tied to the LM head) plus the KV o
 every sequence in the batch. Prefill is compute-bound: 2 FLOPs per matmul parameter per token, plus
 attention (4 x heads x head_dim FLOPs per layer per (query, key) pair, causal). The offline bound is the
 prefill FLOPs at the matmul rate plus the decode steps at the bandwidth (or their FLOPs, if larger).
+A mixture-of-experts model (Mixtral, Qwen3-MoE) counts its active parameters there: attention, the router
+and the K experts a token uses. That is what a single stream must read per step; a batch whose tokens
+route to more experts reads more, so at larger batches the bound is optimistic (the active-parameter
+bound vLLM's and others' MoE figures are quoted against).
 
 The peaks (HARDWARE) are per card: `--hardware auto`, every tool's default, picks the card nvidia-smi
 names (`hardware_for_device`). The H200's are measured on one (a device-to-device copy and a bf16 matmul
@@ -70,6 +74,12 @@ class ModelShape:
     tie_word_embeddings: bool
     weight_bytes_per_param: int = 2
     kv_bytes_per_element: int = 2
+    # mixture of experts (0: dense): the sparse layers' MLP is a router and E experts of width
+    # moe_intermediate_size, experts_per_token of them active per token
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    num_moe_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -102,6 +112,12 @@ class ModelShape:
             tie_word_embeddings=bool(arch.tie_word_embeddings),
             weight_bytes_per_param=dtype_bytes(dtype),
             kv_bytes_per_element=dtype_bytes(kv_dtype or dtype),
+            num_experts=getattr(arch, "num_experts", 0),
+            experts_per_token=getattr(arch, "num_experts_per_tok", 0),
+            moe_intermediate_size=getattr(arch, "moe_intermediate_size", 0),
+            num_moe_layers=arch.num_layers - len(getattr(arch, "dense_mlp_layers", ()))
+            if getattr(arch, "num_experts", 0)
+            else 0,
         )
 
     # ---- parameter counts (Llama family: q/k/v/o, gated MLP, two norms per layer) --------------------------
@@ -112,6 +128,22 @@ class ModelShape:
         mlp = 3 * h * self.intermediate_size
         return attn + mlp + 2 * h
 
+    def moe_layer_params(self, active: bool) -> int:
+        """A sparse layer: attention, norms, router and all experts (or, `active`, the K a token uses)."""
+        h = self.hidden_size
+        dense_mlp = 3 * h * self.intermediate_size
+        experts = self.experts_per_token if active else self.num_experts
+        return (
+            self.layer_params
+            - dense_mlp
+            + h * self.num_experts
+            + experts * 3 * h * self.moe_intermediate_size
+        )
+
+    def _all_layers_params(self, active: bool) -> int:
+        dense = self.num_layers - self.num_moe_layers
+        return dense * self.layer_params + self.num_moe_layers * self.moe_layer_params(active)
+
     @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -119,12 +151,13 @@ class ModelShape:
     @property
     def num_params(self) -> int:
         head = 0 if self.tie_word_embeddings else self.embedding_params
-        return self.num_layers * self.layer_params + self.embedding_params + head + self.hidden_size
+        return self._all_layers_params(False) + self.embedding_params + head + self.hidden_size
 
     @property
     def matmul_params(self) -> int:
-        """Parameters that multiply every token: all layers plus the LM head (the embedding is a gather)."""
-        return self.num_layers * self.layer_params + self.embedding_params
+        """Parameters that multiply every token: all layers (a MoE layer's active experts) plus the LM head
+        (the embedding is a gather)."""
+        return self._all_layers_params(True) + self.embedding_params
 
     @property
     def weight_bytes(self) -> int:

@@ -87,7 +87,32 @@ def opt_hf_name(name: str, arch: ModelArchConfig) -> Mapped:
     raise _unknown(name)
 
 
+# a sparse layer's router and experts: Mixtral's block_sparse_moe.{gate, experts.E.w1|w3|w2} and
+# Qwen3-MoE's mlp.{gate, experts.E.gate_proj|up_proj|down_proj}
+_MOE_ROUTER = ("block_sparse_moe.gate.weight", "mlp.gate.weight")
+_MOE_EXPERT = re.compile(
+    r"^(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$"
+)
+_EXPERT_PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def moe_hf_name(name: str, arch: ModelArchConfig) -> Mapped:
+    """Mixtral and Qwen3-MoE: the Llama names, plus the router (layers_{i}/mlp/gate/kernel) and one path
+    per expert, layers_{i}/mlp/experts/{e}/{gate,up,down}_proj/kernel, which ParamsBuilder stacks into
+    the [E, ...] weights of models/moe_llama.py."""
+    m = _LAYER_RE.match(name)
+    if m and m.group(2) in _MOE_ROUTER:
+        return f"layers_{m.group(1)}/mlp/gate/kernel", True
+    e = _MOE_EXPERT.match(m.group(2)) if m else None
+    if e:
+        proj = _EXPERT_PROJ.get(e.group(2), e.group(2))
+        return f"layers_{m.group(1)}/mlp/experts/{e.group(1)}/{proj}/kernel", True
+    return llama_hf_name(name, arch)
+
+
 def hf_name_mapper(arch: ModelArchConfig):
+    if arch.architecture in ("MixtralForCausalLM", "Qwen3MoeForCausalLM"):
+        return moe_hf_name
     return opt_hf_name if arch.architecture == "OPTForCausalLM" else llama_hf_name
 
 

@@ -11,6 +11,11 @@ describe the shared input: `perm` (the parts must agree) and a static `input_sca
 in vLLM). N is the last axis of every leaf but a W8A8 `qweight`, held [N, K] (`_out_axis`). A float
 `kernel` arriving for a layer the model holds quantized is quantized here, when the scheme says the
 checkpoint is to be quantized at load (`--quantization fp8`).
+
+A mixture-of-experts checkpoint holds one tensor per expert, which the name maps give as
+"layers_3/mlp/experts/{e}/down_proj/kernel" (loader/names.py): each is held (transposed, cast) until the
+layer's E experts of that projection have come, then stacked into [E, ...] and put under
+"layers_3/mlp/experts/down_proj/kernel" like any tensor (gate and up then fuse as parts do).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from jaxllm.quantization.scheme import QuantScheme
 ShardingFn = Callable[[str, jax.ShapeDtypeStruct], Any]
 
 _LAYER_PREFIX = re.compile(r"^(layers_\d+/)(.+)/([^/]+)$")
+_EXPERT = re.compile(r"^(layers_\d+/(?:.+/)?experts)/(\d+)/(.+)$")  # (stacked module, expert, rest)
 _INPUT_LEAVES = ("perm", "input_scale")  # describe a fused layer's one input, not its parts' columns
 
 
@@ -53,9 +59,14 @@ class ParamsBuilder:
         self._parts = {p.name: (g, i) for g in fused_groups for i, p in enumerate(g.parts)}
         self._groups = {g.name: g for g in fused_groups}  # fused module path -> its group
         self._held: dict[str, dict[int, Any]] = {}  # fused path -> {part index: array}
+        self._experts: dict[str, dict[int, Any]] = {}  # stacked path -> {expert: array}
 
     def put(self, path: str, x: Any, transpose: bool = False, tensor_name: str | None = None) -> None:
         name = tensor_name or path
+        e = _EXPERT.match(path)
+        if e:
+            self._put_expert(f"{e.group(1)}/{e.group(3)}", int(e.group(2)), x, transpose, name)
+            return
         if path.endswith("/kernel") and self._quantized(path) and path not in self.expected:
             self._quantize_at_load(path, x, transpose, name)
             return
@@ -69,6 +80,31 @@ class ParamsBuilder:
             )
         want = self.expected[path]
         self._place(path, self._checked(x, tuple(want.shape), want.dtype, transpose, name))
+
+    def _put_expert(self, path: str, expert: int, x: Any, transpose: bool, name: str) -> None:
+        """Hold one expert's tensor; with the last of the layer's E experts, put them stacked [E, ...]."""
+        target = self._fused_path(path)
+        if target not in self.expected:
+            raise ValueError(
+                f"{self.source}: tensor {name!r} maps to {path!r}, which this model does not have"
+            )
+        want = self.expected[target]
+        num_experts = want.shape[0]
+        if expert >= num_experts:
+            raise ValueError(
+                f"{self.source}: tensor {name!r} is expert {expert}, but the config has num_experts={num_experts}"
+            )
+        if isinstance(x, np.ndarray):
+            x = np.ascontiguousarray(x.T if transpose else x).astype(want.dtype, copy=False)
+        else:
+            x = jnp.asarray(x).astype(want.dtype)
+            x = x.T if transpose else x
+        held = self._experts.setdefault(path, {})
+        held[expert] = x
+        if len(held) == num_experts:
+            del self._experts[path]
+            stack = np.stack if all(isinstance(v, np.ndarray) for v in held.values()) else jnp.stack
+            self.put(path, stack([held[j] for j in range(num_experts)]), tensor_name=f"{name} (all experts)")
 
     def _quantized(self, kernel_path: str) -> bool:
         return kernel_path.removesuffix("kernel") + "qweight" in self.expected or (
@@ -154,6 +190,9 @@ class ParamsBuilder:
 
     def finish(self) -> dict:
         missing = sorted(set(self.expected) - set(self.loaded))
+        for path, held in sorted(self._experts.items()):  # a projection some experts of which never came
+            lacks = sorted(set(range(self.expected[self._fused_path(path)].shape[0])) - set(held))
+            raise ValueError(f"{self.source}: missing weights for {path} of experts {lacks[:8]}")
         if missing:
             missing = [self._describe_missing(p) for p in missing]
             more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""

@@ -81,6 +81,12 @@ class ModelArchConfig:
     # the checkpoint's per-layer FP8 KV-cache scales (compressed-tensors kv_cache_scheme): attn/k_scale,
     # attn/v_scale params that an fp8 KV cache divides by
     kv_cache_scales: bool = False
+    # mixture of experts (Mixtral, Qwen3-MoE; 0 experts: a dense model): layers/moe.py
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's SwiGLU width (Mixtral: intermediate_size)
+    norm_topk_prob: bool = True  # the top-k routing weights renormalised to sum to 1 (Mixtral: always)
+    dense_mlp_layers: tuple[int, ...] = ()  # layers with a dense MLP of intermediate_size (Qwen3-MoE)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -90,6 +96,12 @@ class ModelArchConfig:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
             )
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts={self.num_experts}"
+            )
+        if self.num_experts and self.moe_intermediate_size < 1:
+            raise ValueError(f"moe_intermediate_size={self.moe_intermediate_size} must be >= 1")
 
     @property
     def rope(self) -> dict[str, Any]:
@@ -139,6 +151,7 @@ class ModelArchConfig:
         is_qwen2 = arch == "Qwen2ForCausalLM"
         return cls(
             **common,
+            **_moe_fields(cfg, arch, common["num_layers"]),
             intermediate_size=int(cfg["intermediate_size"]),
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -149,7 +162,41 @@ class ModelArchConfig:
             attention_bias=is_qwen2 or bool(cfg.get("attention_bias", False)),
             o_proj_bias=bool(cfg.get("attention_bias", False)) and not is_qwen2,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
             hidden_act=cfg.get("hidden_act", "silu"),
         )
+
+
+def _moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> dict[str, Any]:
+    """The mixture-of-experts fields of Mixtral and Qwen3-MoE configs ({} for dense models).
+
+    Qwen3-MoE layer i has experts unless i is in mlp_only_layers or (i + 1) % decoder_sparse_step != 0
+    (transformers' rule); the others keep a dense MLP of intermediate_size."""
+    if arch == "MixtralForCausalLM":
+        return dict(
+            num_experts=int(cfg["num_local_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+            norm_topk_prob=True,
+        )
+    if arch != "Qwen3MoeForCausalLM":
+        return {}
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes the latter
+    if experts is None:
+        raise ValueError("Qwen3MoeForCausalLM config has no num_experts")
+    step = cfg.get("decoder_sparse_step")
+    step = 1 if step is None else int(step)
+    if step < 1:
+        raise ValueError(f"decoder_sparse_step={step} must be >= 1")
+    only = [int(i) for i in cfg.get("mlp_only_layers") or []]
+    if any(not 0 <= i < num_layers for i in only):
+        raise ValueError(f"mlp_only_layers={only} must hold layer indices in 0..{num_layers - 1}")
+    dense = tuple(i for i in range(num_layers) if int(experts) == 0 or i in only or (i + 1) % step)
+    return dict(
+        num_experts=int(experts),
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        dense_mlp_layers=dense,
+    )

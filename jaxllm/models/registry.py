@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.llama import LlamaForCausalLM
+from jaxllm.models.moe_llama import MoeForCausalLM
 from jaxllm.models.opt import OPTForCausalLM
 from jaxllm.quantization.scheme import FLOAT32_LEAVES
 
@@ -25,6 +26,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "OPTForCausalLM": OPTForCausalLM,
+    "MixtralForCausalLM": MoeForCausalLM,
+    "Qwen3MoeForCausalLM": MoeForCausalLM,
 }
 
 
@@ -90,13 +93,21 @@ def abstract_params(module: nn.Module, dtype: jnp.dtype) -> dict:
     The decoder layers `layers_{i}` all have one layer's parameters, so only a one-layer model is traced
     (`init` traces every layer's Python, a second of a large model's load) and its `layers_0` is shared."""
     arch = module.arch
-    # layers that differ (GGUF's per-tensor types: arch.layer_quant) are traced once per kind
-    kinds = arch.layer_quant or (None,) * arch.num_layers
+    # layers that differ (GGUF's per-tensor types: arch.layer_quant; a MoE model's dense MLP layers:
+    # arch.dense_mlp_layers) are traced once per kind
+    quants = arch.layer_quant or (None,) * arch.num_layers
+    kinds = [(q, i in arch.dense_mlp_layers) for i, q in enumerate(quants)]
     traced: dict = {}
     shapes: dict = {}
     for i, kind in enumerate(kinds):
         if kind not in traced:
-            one_arch = dataclasses.replace(arch, num_layers=1, layer_quant=None if kind is None else (kind,))
+            quant, dense = kind
+            one_arch = dataclasses.replace(
+                arch,
+                num_layers=1,
+                layer_quant=None if quant is None else (quant,),
+                dense_mlp_layers=(0,) if dense else (),
+            )
             one = module.clone(arch=one_arch)
             ids, caches, md = dummy_inputs(one_arch, kv_heads=kv_slots(module))
             init = functools.partial(one.init, jax.random.key(0), ids, caches, md, method="init_all")

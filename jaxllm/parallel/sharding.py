@@ -11,6 +11,10 @@ Rules go by parameter path (see the tree in jaxllm/models/llama.py and opt.py):
     per-channel ones [1, N] / [N] replicated; perm and input_scale replicated (XLA gathers x for perm).
     A W8A8 qweight is held [N, K] (K contiguous for the FP8 GEMM), so its axes swap: column-parallel
     P(tp, None), row-parallel P(None, tp); the layer's scheme (arch) says which qweights are W8A8
+  experts/gate_up_proj/kernel [E, H, 2I] (MoE: each   every expert split along I    P(None, None, tp)
+    expert's gate|up, fused shard by shard)
+  experts/down_proj/kernel [E, I, H]                                              P(None, tp, None)
+    (the router mlp/gate/kernel [H, E] is replicated; layers/moe.py says why experts split this way)
   embed_tokens/embedding [V, E], lm_head/kernel      vocab-parallel (replicated, with a warning, when N
     [E, V]                                           does not divide V)
   everything else (norms, row-parallel biases, OPT   replicated                          P()
@@ -43,6 +47,8 @@ logger = logging.getLogger("jaxllm")
 # a projection's leaves whose last axis is its output N (a quantized layer's too: scheme.py; a W8A8 qweight
 # [N, K] matches them too, and param_partition_spec swaps its spec)
 _N_LEAVES = "kernel|bias|qweight|scales|zeros|weight_scale"
+_EXPERTS_COLUMN = re.compile(r"(^|/)experts/gate_up_proj/kernel$")  # [E, H, 2I]
+_EXPERTS_ROW = re.compile(r"(^|/)experts/down_proj/kernel$")  # [E, I, H]
 _COLUMN = re.compile(rf"(^|/)(qkv_proj|gate_up_proj|q_proj|gate_proj|up_proj|fc1)/({_N_LEAVES})$")
 _KV = re.compile(rf"(^|/)(k_proj|v_proj)/({_N_LEAVES})$")  # separate K/V: column-parallel, N divides Hkv
 _ROW = re.compile(r"(^|/)(o_proj|down_proj|fc2)/(kernel|qweight)$")
@@ -70,6 +76,11 @@ def validate_tensor_parallel(arch: ModelArchConfig, n: int) -> None:
         raise ValueError(
             f"tensor_parallel_size={n} must divide the MLP intermediate size ({arch.intermediate_size})"
         )
+    if arch.num_experts and arch.moe_intermediate_size % n:
+        raise ValueError(
+            f"tensor_parallel_size={n} must divide the experts' intermediate size "
+            f"(moe_intermediate_size={arch.moe_intermediate_size})"
+        )
 
 
 def _is_w8a8_qweight(path: str, arch: ModelArchConfig) -> bool:
@@ -91,6 +102,10 @@ def _partition_spec(path: str, ndim: int, shape: tuple[int, ...], arch: ModelArc
     """The rules of the module docstring for leaves whose last axis is N (every one but a W8A8 qweight)."""
     if n == 1:
         return P()
+    if _EXPERTS_COLUMN.search(path):
+        return P(None, None, TP_AXIS)
+    if _EXPERTS_ROW.search(path):
+        return P(None, TP_AXIS, None)
     if _COLUMN.search(path):
         return P(None, TP_AXIS) if ndim == 2 else P(TP_AXIS)
     if _KV.search(path):

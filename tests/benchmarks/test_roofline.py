@@ -97,3 +97,25 @@ def test_hardware_follows_the_gpu_name(monkeypatch):
     assert roofline.hardware_for_device("h100").bandwidth == 3.35e12
     with pytest.raises(ValueError, match="--hardware"):
         roofline.hardware_for_device("a100")
+
+
+def test_moe_counts_all_experts_in_memory_and_the_active_ones_per_token():
+    """Qwen3-30B-A3B: the model's own parameter tree is the reference (ModelShape leaves out the q/k
+    norms, 2 x 128 per layer); a token multiplies attention, the router and 8 of the 128 experts."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxllm.models.config import ModelArchConfig
+    from jaxllm.models.presets import get_preset
+    from jaxllm.models.registry import abstract_params, build_model
+
+    arch = ModelArchConfig.from_hf(get_preset("qwen3-30b-a3b"))
+    tree = abstract_params(build_model(arch), jnp.bfloat16)
+    count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(tree))
+    shape = shape_for_model("qwen3-30b-a3b")
+    assert shape.num_params + 48 * 2 * 128 == count
+    experts = 3 * 2048 * 768  # one expert's gate, up and down
+    embedding = 151936 * 2048
+    assert shape.matmul_params + 48 * 2 * 128 == count - embedding - 2048 - 48 * (128 - 8) * experts
+    assert shape.decode_weight_bytes == 2 * (shape.matmul_params + 2048)

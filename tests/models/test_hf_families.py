@@ -53,6 +53,24 @@ CASES = {
     "mistral_sliding_window": ("MistralConfig", dict(LLAMA, sliding_window=8, tie_word_embeddings=False)),
     "qwen2_bias_tied": ("Qwen2Config", dict(LLAMA, tie_word_embeddings=True, use_sliding_window=False)),
     "qwen3_qk_norm": ("Qwen3Config", dict(LLAMA, head_dim=32, tie_word_embeddings=False)),
+    # MoE: 4 or 6 experts, 2 per token; no eos (generate's min_new_tokens would hide an eos our greedy picks)
+    "mixtral_moe": (
+        "MixtralConfig",
+        dict(LLAMA, num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, eos_token_id=None),
+    ),
+    "qwen3_moe_dense_layer": (
+        "Qwen3MoeConfig",
+        dict(
+            LLAMA,
+            head_dim=32,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40,
+            norm_topk_prob=False,
+            mlp_only_layers=[0],
+            eos_token_id=None,
+        ),
+    ),  # fmt: skip
     "opt_pre_ln": (
         "OPTConfig",
         dict(

@@ -45,6 +45,17 @@ def test_abstract_params_equal_a_full_init(name):
     assert abstract_params(module, jnp.float16) == full
 
 
+def test_qwen3_30b_a3b_preset_shape():
+    """30,532,122,624 parameters (the published checkpoint's 61,064,245,248 bytes of bf16), experts stacked."""
+    arch = ModelArchConfig.from_hf(get_preset("qwen3-30b-a3b"))
+    abstract = abstract_params(build_model(arch), jnp.bfloat16)
+    assert sum(int(np.prod(s.shape)) for s in jax.tree.leaves(abstract)) == 30_532_122_624
+    mlp = abstract["layers_47"]["mlp"]
+    assert mlp["experts"]["gate_up_proj"]["kernel"].shape == (128, 2048, 2 * 768)
+    assert mlp["experts"]["down_proj"]["kernel"].shape == (128, 768, 2048)
+    assert mlp["gate"]["kernel"].shape == (2048, 128) and arch.dense_mlp_layers == ()
+
+
 def test_every_preset_parses():
     for name in PRESETS:
         arch = ModelArchConfig.from_hf(get_preset(name))

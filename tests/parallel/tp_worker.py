@@ -74,6 +74,12 @@ def run_case(model: str, tp: int, role: str = "replay", **kw) -> dict:
         "kv_dtype": str(k_pages.dtype),
         "kv_shard_shape": list(k_pages.addressable_shards[0].data.shape),
         "kv_num_devices": len(k_pages.sharding.device_set),
+        # a MoE layer's stacked expert weights: one device's shard
+        "expert_shards": {
+            path: list(x.addressable_shards[0].data.shape)
+            for path, x in params.items()
+            if "/experts/" in path
+        },
         # a quantized layer's leaves (not "kernel"/"bias"): global shape, one device's shard, dtype
         "quantized_leaves": {
             path: {
