@@ -1,7 +1,7 @@
 """A real `jaxllm serve` on the embedded model under a short soak, then killed, restarted on damaged caches,
 terminated under load, and run on a full disk.
 
-1. soak (benchmarks/soak.py, 20 s warm-up + 60 s): every request is completed, cancelled or timed out by
+1. soak (benchmarks/soak.py, 30 s warm-up + 60 s): every request is completed, cancelled or timed out by
    the client on purpose, or refused with a 4xx; afterwards nothing runs or waits, every KV block is free
    (kv_cache_usage_perc 0, as at the start), resident memory between the two idle points grew by less than
    MAX_RSS_GROWTH_MIB, and the log holds no error or traceback. Then SIGKILL with a stream in flight.
@@ -53,8 +53,8 @@ def free_port() -> int:
 
 def serve_command(port: int, checkpoint_dir: Path, *extra: str) -> str:
     return (
-        f"{sys.executable} -m jaxllm.server.cli serve --host 127.0.0.1 --port {port} --max-model-len 256 "
-        f"--max-num-seqs 8 --checkpoint-dir {checkpoint_dir} --shutdown-timeout {SHUTDOWN_TIMEOUT_S} "
+        f"{sys.executable} -m jaxllm.server.cli serve --host 127.0.0.1 --port {port} --max-model-len 128 "
+        f"--max-num-seqs 4 --max-num-batched-tokens 64 --checkpoint-dir {checkpoint_dir} --shutdown-timeout {SHUTDOWN_TIMEOUT_S} "
         + " ".join(extra)
     )
 
@@ -89,7 +89,7 @@ def test_soak_then_sigkill(caches, tmp_path):
     try:
         caches["answers"]["greedy"] = httpx.post(url + "/v1/completions", json=GREEDY, timeout=300).json()
         args = soak.parse_args(
-            ["--url", url, "--duration-s", "60", "--warmup-s", "20", "--concurrency", "6", "--max-tokens", "16",
+            ["--url", url, "--duration-s", "60", "--warmup-s", "30", "--concurrency", "4", "--max-tokens", "16",
              "--sample-s", "2", "--max-rss-growth-mib", str(MAX_RSS_GROWTH_MIB), "--server-log", server.log_path]
         )  # fmt: skip
         result = asyncio.run(soak.run(args))
