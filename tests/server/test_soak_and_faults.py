@@ -157,8 +157,8 @@ def test_restart_rebuilds_damaged_caches_and_sigterm_drains(caches, tmp_path):
             results[name] = httpx.post(url + "/v1/completions", json=body, timeout=120)
 
         threads = [
-            threading.Thread(target=stream, args=("long_stream", 240)),
-            threading.Thread(target=non_stream, args=("long_non_stream", 240)),
+            threading.Thread(target=stream, args=("long_stream", 100)),
+            threading.Thread(target=non_stream, args=("long_non_stream", 100)),
             threading.Thread(target=stream, args=("short_stream", 4)),
         ]
         for t in threads:
