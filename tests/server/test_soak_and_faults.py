@@ -193,7 +193,6 @@ def test_restart_rebuilds_damaged_caches_and_sigterm_drains(caches, tmp_path):
     assert r.status_code in (200, 503), r.text
     if r.status_code == 503:
         assert r.json()["error"]["type"] == "service_unavailable"
-    assert results["short_stream"][-2] and "error" not in results["short_stream"][-2]
     assert "Traceback" not in text, log_tail(str(log), 60)
 
 
