@@ -86,3 +86,24 @@ def argparse_option_actions(parser) -> dict:
     """{"--flag": argparse.Action} for every option string of `parser` (argparse keeps this table in a
     private attribute and has no public accessor; a config file's keys are checked against it)."""
     return dict(parser._option_string_actions)
+
+
+def jax_cache_interface() -> type:
+    """The base class of JAX's persistent compilation caches (`jax._src.compilation_cache_interface
+    .CacheInterface`: get(key) -> bytes | None, put(key, bytes))."""
+    from jax._src.compilation_cache_interface import CacheInterface
+
+    return CacheInterface
+
+
+def install_jax_compilation_cache(cache) -> None:
+    """Make `cache` (a jax_cache_interface() instance) the persistent compilation cache JAX reads and
+    writes (`jax._src.compilation_cache._cache`, which JAX otherwise fills with its own LRUCache on first
+    use). Call it after setting `jax_compilation_cache_dir`, before the first compile."""
+    from jax._src import compilation_cache
+
+    if not hasattr(compilation_cache, "_cache") or not hasattr(compilation_cache, "_cache_initialized"):
+        raise RuntimeError("jax._src.compilation_cache._cache is gone; update jaxllm.compat")
+    compilation_cache.reset_cache()
+    compilation_cache._cache = cache
+    compilation_cache._cache_initialized = True

@@ -5,6 +5,8 @@ without importing the engine (which imports jax).
         every request in flight: its stream raises EngineDeadError     (the server answers 500 / an SSE error)
         every later generate(): RuntimeError "the engine loop failed"  (the server answers 503)
         wait_until_failed() returns                                     (the server exits non-zero)
+    shutdown past its drain time: every request in flight: its stream raises EngineShutdownError (a 503 /
+        an SSE error event); the process exits 0
 """
 
 from __future__ import annotations
@@ -23,3 +25,8 @@ class EngineOverloadedError(RuntimeError):
     def __init__(self, message: str, limit: int):
         super().__init__(message)
         self.limit = limit
+
+
+class EngineShutdownError(RuntimeError):
+    """The server shut down (SIGTERM, past --shutdown-timeout) while this request was in flight: nothing
+    more will come for it. Not the client's fault; another replica can serve it (the server answers 503)."""

@@ -47,6 +47,9 @@ class EngineStats:
     # steps (+Inf); not cumulative across buckets. Empty where nobody counts steps (offline LLMEngine).
     iteration_tokens_buckets: tuple[int, ...] = ()
     iteration_tokens_sum: int = 0  # tokens scheduled over all counted steps
+    # cumulative counts of the persistent compilation cache (runner/compilation_cache.CacheCounts: hits,
+    # misses, stores, corrupt, write_errors); read-only, empty without the cache
+    compilation_cache: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class IterationTokens:

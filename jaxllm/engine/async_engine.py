@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 
 from jaxllm.engine.llm_engine import LLMEngine
 from jaxllm.engine_args import EngineArgs
-from jaxllm.engine_errors import EngineDeadError, EngineOverloadedError
+from jaxllm.engine_errors import EngineDeadError, EngineOverloadedError, EngineShutdownError
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats, IterationTokens
@@ -93,7 +93,8 @@ class AsyncLLMEngine:
             self._thread.start()
 
     async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        """Stop taking requests, let running ones finish (up to the timeout), then stop the thread."""
+        """Stop taking requests, let running ones finish (up to the timeout), end the rest with
+        EngineShutdownError, then stop the thread."""
         self._stopping = True
         if self._thread is None:
             return
@@ -101,8 +102,7 @@ class AsyncLLMEngine:
         deadline = loop.time() + drain_timeout_s
         while self._queues and loop.time() < deadline and self._thread.is_alive():
             await asyncio.sleep(0.05)
-        for rid in list(self._queues):
-            await self.abort(rid)
+        self.fail_in_flight("the server shut down before this request finished")
         self._halt = True
         self._work.set()
         thread, self._thread = self._thread, None
@@ -203,6 +203,20 @@ class AsyncLLMEngine:
             with self._lock:
                 self._pending.append(request_id)
             self._work.set()
+
+    def fail_in_flight(self, reason: str) -> int:
+        """Ends every request in flight: its stream raises EngineShutdownError(reason) and the engine
+        aborts it (its blocks are freed). For a shutdown past its drain time; new requests are refused
+        once shutdown() has begun. Returns how many were ended. Call it on the event loop."""
+        ended = list(self._queues.items())
+        self._queues.clear()
+        for _, q in ended:
+            q.put_nowait(EngineShutdownError(reason))
+        if ended:
+            with self._lock:
+                self._pending.extend(rid for rid, _ in ended)
+            self._work.set()
+        return len(ended)
 
     def get_stats(self) -> EngineStats:
         """The engine's counters as of its last step (or its last applied add/abort): an immutable snapshot

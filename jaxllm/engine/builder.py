@@ -32,7 +32,7 @@ from jaxllm.layers.attention import check_kv_cache_dtype, resolve_backend
 from jaxllm.loader import LoadedModel, load_weights, open_model, resolve_model
 from jaxllm.loader.generation_config import read_generation_defaults
 from jaxllm.parallel import TensorParallelPlan, agree_on_min, initialize_distributed, plan_tensor_parallel
-from jaxllm.runner import executable_cache
+from jaxllm.runner import compilation_cache, executable_cache
 from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.kv_cache import kv_page_dtype
 from jaxllm.runner.model_runner import ModelRunner
@@ -48,12 +48,14 @@ def size_device_memory_pool(gpu_memory_utilization: float) -> None:
 
 
 def enable_compilation_cache(path: str | None) -> str | None:
-    """JAX's persistent compilation cache in `path` (None: off), so a restart loads what it compiled."""
+    """JAX's persistent compilation cache in `path` (None: off), so a restart loads what it compiled; its
+    entries are checked on read and written whole (runner/compilation_cache.py)."""
     if path is None:
         return None
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    compilation_cache.install(path)
     return path
 
 

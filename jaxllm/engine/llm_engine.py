@@ -27,6 +27,7 @@ from jaxllm.outputs import RequestMetrics, RequestOutput
 from jaxllm.parallel import TensorParallelPlan
 from jaxllm.parallel.distributed import DistributedSettings
 from jaxllm.request import Request, RequestStatus
+from jaxllm.runner import compilation_cache
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats
@@ -369,4 +370,5 @@ class LLMEngine:
             num_steps=timing.steps,
             step_device_wait_s=timing.wait_s,
             step_host_s=MappingProxyType(dict(timing.host_s)),
+            compilation_cache=MappingProxyType(dataclasses.asdict(compilation_cache.counts())),
         )

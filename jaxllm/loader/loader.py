@@ -217,13 +217,20 @@ def load_weights(
     pool = ThreadPoolExecutor(1, thread_name_prefix="jaxllm-tokenizer")
     tokenizer_future = pool.submit(_timed, _load_tokenizer, spec, kind, path, cache if from_cache else None)
     pool.shutdown(wait=False)
+    params = None
     if kind == "dummy":
         params = dummy_params(abstract, spec.seed, sharding_fn)
     elif from_cache:
-        params = cache.restore(_with_shardings(abstract, sharding_fn))
+        params = _restore_or_none(cache, _with_shardings(abstract, sharding_fn))
+        from_cache = params is not None  # a corrupt cache: convert from the source, write it again (below)
+    if params is not None:
+        pass
     elif kind == "gguf":
+        from jaxllm.loader.gguf_loader import open_gguf
+
         gguf_arch = source.hf_config["gguf_architecture"]
-        params = load_gguf_params(source.reader, path, arch, gguf_arch, abstract, sharding_fn, groups)
+        reader = source.reader or open_gguf(path)  # not opened when the cache was expected to restore
+        params = load_gguf_params(reader, path, arch, gguf_arch, abstract, sharding_fn, groups)
     else:
         params = load_safetensors_params(path, arch, abstract, sharding_fn, groups)
     jax.block_until_ready(params)
@@ -231,11 +238,7 @@ def load_weights(
 
     tokenizer, tokenizer_s = tokenizer_future.result()
     if cache is not None and not from_cache:
-        save_start = time.perf_counter()
-        cache.save(params, source.hf_config, tokenizer)
-        logger.info(
-            "saved converted params to %s in %.2f s", spec.checkpoint_dir, time.perf_counter() - save_start
-        )
+        _save_or_log(cache, params, source.hf_config, tokenizer)
     load_time = time.perf_counter() - start
     name = _model_name(spec, path)
     logger.info(
@@ -245,6 +248,39 @@ def load_weights(
         "restored from orbax cache" if from_cache else "converted from the source",
     )  # fmt: skip
     return LoadedModel(module, params, arch, tokenizer, name, path, load_time, from_cache)
+
+
+def _restore_or_none(cache: CheckpointCache, abstract: Any) -> Any:
+    """The cache's params, or None when it does not restore (a truncated or overwritten file): the failure
+    is logged with the cache's path and the caller converts from the source, which rewrites the cache."""
+    try:
+        return cache.restore(abstract)
+    except Exception as e:  # noqa: BLE001 - whatever orbax or tensorstore raise on a damaged file
+        logger.warning(
+            "orbax cache %s is corrupt (%s: %s); converting from the source and writing it again",
+            cache.directory,
+            type(e).__name__,
+            str(e)[:500],
+        )
+        return None
+
+
+def _save_or_log(cache: CheckpointCache, params: Any, hf_config: dict, tokenizer: Any) -> None:
+    """Write the converted params to the cache; a failure (a full disk, a read-only folder) is logged and
+    the half-written cache left invalid (its meta file goes last), so this start serves from the converted
+    params and the next one converts again."""
+    start = time.perf_counter()
+    try:
+        cache.save(params, hf_config, tokenizer)
+    except Exception as e:  # noqa: BLE001 - OSError, or orbax's wrapping of one
+        logger.warning(
+            "could not write the orbax cache %s (%s: %s); serving goes on, the next start converts again",
+            cache.directory,
+            type(e).__name__,
+            str(e)[:500],
+        )
+        return
+    logger.info("saved converted params to %s in %.2f s", cache.directory, time.perf_counter() - start)
 
 
 def params_layout(tp_size: int, quantization: str | None = None, kind: str = "hf") -> str:

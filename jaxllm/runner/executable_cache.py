@@ -135,7 +135,7 @@ class ExecutableCache:
         except FileNotFoundError:
             return None
         except Exception:  # a truncated or stale file: compile instead, and the store replaces it
-            logger.warning("executable cache: %s did not load; compiling instead", path.name, exc_info=True)
+            logger.warning("executable cache: %s did not load; compiling instead", path, exc_info=True)
             return None
 
     def remove_stale(self) -> list[str]:
@@ -168,4 +168,4 @@ class ExecutableCache:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         except Exception:  # an executable that cannot be serialized still runs; it just is not kept
-            logger.warning("executable cache: could not store %s", path.name, exc_info=True)
+            logger.warning("executable cache: could not store %s", path, exc_info=True)

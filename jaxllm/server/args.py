@@ -105,6 +105,13 @@ class ServerArgs:
         None, "most prompt characters and token ids a request's log line shows (default: all)", ge=0
     )
     disable_uvicorn_access_log: bool = arg_field(False, "no uvicorn access-log line per HTTP request")
+    shutdown_timeout: float = arg_field(
+        30.0,
+        "on SIGTERM (or Ctrl-C): stop accepting connections and let the requests in flight finish for up to "
+        "this many seconds; those still running then end with an error (a 503, or an error event in a "
+        "stream) and the process exits 0. 0: end them at once (vLLM's default)",
+        ge=0.0,
+    )
     # ---- HTTP, as a deployment sets it (http_options.py) ----------------------------------------------
     root_path: str | None = arg_field(
         None,

@@ -4,7 +4,8 @@ and `jaxllm doctor` (jaxllm/doctor/: the environment check, whose summary line s
     argv --parse_args--> ServeArgs(engine: EngineArgs, server: ServerArgs)   (flags: server/args.py;
          --config FILE.yaml and --flag_name spellings: server/config_file.py)
          --AsyncLLMEngine.from_engine_args--> engine (loads, resolves, compiles, logs what it runs with)
-         --build_app--> Starlette --uvicorn.Server.run   (the engine failing stops it: exit status 1)
+         --build_app--> Starlette --DrainingServer.run   (the engine failing stops it: exit status 1;
+             SIGTERM drains for --shutdown-timeout, server/shutdown.py, then exits 0)
 Flag names and meanings follow vLLM's. With no model the embedded SmolLM2-135M-Instruct is served.
 """
 
@@ -113,6 +114,7 @@ def serve(args: ServeArgs) -> None:
 
     from jaxllm.engine.async_engine import AsyncLLMEngine
     from jaxllm.server.app import build_app
+    from jaxllm.server.shutdown import DrainingServer
 
     server = args.server
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
@@ -178,7 +180,17 @@ def serve(args: ServeArgs) -> None:
         ssl_keyfile=server.ssl_keyfile,
         ssl_certfile=server.ssl_certfile,
     )
-    http_server = uvicorn.Server(config)
+    fail_in_flight = getattr(engine, "fail_in_flight", None)
+    http_server = DrainingServer(
+        config,
+        shutdown_timeout_s=server.shutdown_timeout,
+        on_drain_timeout=(
+            (lambda: fail_in_flight("the server shut down before this request finished"))
+            if fail_in_flight is not None
+            else None
+        ),
+        in_flight=lambda: _in_flight(engine),
+    )
     try:
         http_server.run()
     finally:
@@ -188,6 +200,17 @@ def serve(args: ServeArgs) -> None:
     if failure is not None:
         logger.error("exiting with status 1 because the engine failed: %r", failure)
         sys.exit(1)
+    if http_server.terminated:
+        logger.info("shut down on SIGTERM; exiting with status 0")
+
+
+def _in_flight(engine) -> int | None:
+    """Requests the engine holds, running or waiting (None: an engine without stats)."""
+    try:
+        s = engine.get_stats()
+        return s.num_requests_running + s.num_requests_waiting
+    except Exception:  # noqa: BLE001 - only for a log line
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from jaxllm.engine_errors import EngineDeadError, EngineOverloadedError
+from jaxllm.engine_errors import EngineDeadError, EngineOverloadedError, EngineShutdownError
 from jaxllm.outputs import RequestOutput
 from jaxllm.sampling_params import RequestOutputKind, SamplingParams
 from jaxllm.server.errors import APIError, from_value_error
@@ -173,6 +173,8 @@ async def tracked(
             yield ro
     except EngineDeadError as e:  # a server fault: 500, not the 503 of a request refused after it
         raise APIError(f"the engine failed while serving this request: {e}", status=500) from e
+    except EngineShutdownError as e:  # shut down past --shutdown-timeout: another replica may serve it
+        raise APIError(str(e), status=503) from e
     finally:
         if not finished:
             await shielded(engine.abort(request_id))

@@ -149,9 +149,29 @@ class _EngineStatsCollector:
         for phase in HOST_PHASES:
             host.add_metric([self.model_name, phase], s.step_host_s.get(phase, 0.0))
         yield host
+        xla = CounterMetricFamily(
+            "jaxllm:compilation_cache_events",
+            "The persistent compilation cache, by event: hit (a program loaded instead of compiled), miss "
+            "(compiled: no entry), store (an entry written), corrupt (an entry that failed its checksum or "
+            "did not load: removed, compiled again and rewritten), write_error (an entry that could not be "
+            "written, e.g. a full disk: serving goes on). A warm restart shows hits and no stores.",
+            labels=["model_name", "event"],
+        )
+        for event, key in _CACHE_EVENTS.items():
+            xla.add_metric([self.model_name, event], s.compilation_cache.get(key, 0))
+        yield xla
         yield _iteration_histogram(s.iteration_tokens_buckets, s.iteration_tokens_sum, self.model_name)
         yield _cache_config_info(getattr(self.engine, "startup_info", {}), self.model_name)
 
+
+# jaxllm:compilation_cache_events's event label -> EngineStats.compilation_cache key
+_CACHE_EVENTS = {
+    "hit": "hits",
+    "miss": "misses",
+    "store": "stores",
+    "corrupt": "corrupt",
+    "write_error": "write_errors",
+}
 
 # cache_config_info's labels (vLLM's names) and the startup_info entries they come from.
 _CACHE_INFO_LABELS = {

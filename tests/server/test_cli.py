@@ -99,6 +99,7 @@ SERVER_FLAGS = {
     "disable_log_requests": (["--disable-log-requests"], True),
     "max_log_len": (["--max-log-len", "40"], 40),
     "disable_uvicorn_access_log": (["--disable-uvicorn-access-log"], True),
+    "shutdown_timeout": (["--shutdown-timeout", "12.5"], 12.5),
     "root_path": (["--root-path", "/llm"], "/llm"),
     "allowed_origins": (["--allowed-origins", '["https://a.example"]'], ["https://a.example"]),
     "allowed_methods": (["--allowed-methods", '["GET", "POST"]'], ["GET", "POST"]),
