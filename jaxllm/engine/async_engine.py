@@ -54,7 +54,7 @@ class AsyncLLMEngine:
         self.model_name = served_model_name or engine.loaded.model_name
         self.sampling_defaults = engine.sampling_defaults  # for requests that leave fields out
         self.max_model_len = engine.max_model_len
-        self.max_kv_tokens = engine.scheduler.max_kv_tokens  # the whole KV cache, in tokens
+        self.max_kv_tokens = engine.max_kv_tokens  # the whole KV cache, in tokens
         self.max_num_queued_reqs = max_num_queued_reqs
         self.vocab_size = engine.loaded.arch.vocab_size
         self.startup_info = dict(engine.startup_info, served_model_name=self.model_name)

@@ -60,6 +60,7 @@ class LLMEngine:
         self.cache_dir = cache_dir
         self.startup_info = startup_info
         self.max_model_len = config.scheduler.max_model_len
+        self.max_kv_tokens = scheduler.max_kv_tokens  # the whole KV cache, in tokens
         # Request sampling defaults (--generation-config), as SamplingParams keyword arguments.
         self.sampling_defaults = dict(config.generation.values)
         self.step_channel = None  # set on process 0 by jaxllm.parallel.follower.lead (several hosts)

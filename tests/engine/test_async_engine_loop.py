@@ -27,6 +27,7 @@ class StepRecordingEngine:
         self.sampling_defaults = {}
         self.loaded = SimpleNamespace(model_name="stand-in", arch=SimpleNamespace(vocab_size=16))
         self.max_model_len = 64
+        self.max_kv_tokens = 1024
         self.startup_info = {}
         self.last_step_tokens = 0
         self.left: dict[str, int] = {}
