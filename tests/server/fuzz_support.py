@@ -257,5 +257,8 @@ def describe(failures: list, limit: int = 10) -> str:
 
 
 def tracebacks(log: str) -> list[str]:
-    """The log lines that report an exception the server did not expect."""
-    return [line for line in log.splitlines() if "Traceback" in line or " ERROR " in line][:10]
+    """The log lines that report an exception the server did not expect (or a log call that failed)."""
+    bad = ("Traceback", "--- Logging error ---")
+    return [
+        ln for ln in log.splitlines() if ln.startswith(("ERROR", "CRITICAL")) or any(b in ln for b in bad)
+    ][:10]

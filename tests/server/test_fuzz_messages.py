@@ -63,7 +63,7 @@ def fuzz_requests() -> list[Request]:
     return requests + WRONG_ROUTES
 
 
-def test_fuzzed_messages_unicode_numbers_nesting(server):
+def test_fuzzed_messages_unicode_numbers_nesting(server, record_property):
     before = server.greedy_answers()
     t0 = time.perf_counter()
     requests = fuzz_requests()
@@ -74,6 +74,7 @@ def test_fuzzed_messages_unicode_numbers_nesting(server):
             f"own strategies ({generate_s:.0f} s to generate, {time.perf_counter() - t0:.0f} s in all)"
         )
     )
+    record_property("fuzz_requests", dict(outcome.tried))
     assert not outcome.failures, describe(outcome.failures)
     assert server.alive()
     assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200

@@ -56,7 +56,7 @@ def to_request(case) -> Request:
     return req
 
 
-def test_every_route_from_openapi(server):
+def test_every_route_from_openapi(server, record_property):
     before = server.greedy_answers()
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     operations = [op.ok() for op in schema.get_all_operations()]
@@ -73,6 +73,7 @@ def test_every_route_from_openapi(server):
             f"schemathesis ({generate_s:.0f} s to generate, {time.perf_counter() - t0:.0f} s in all)"
         )
     )
+    record_property("fuzz_requests", dict(outcome.tried))
     assert not outcome.failures, describe(outcome.failures)
     assert server.alive()
     assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
