@@ -14,6 +14,13 @@ if TYPE_CHECKING:
     from jaxllm.quantization.scheme import LayerQuant, QuantScheme
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+LAYER_TYPES = ("sliding_attention", "full_attention")
+# multimodal checkpoints whose text model jaxllm would serve, with what to use instead
+_REFUSED = {
+    "Gemma3ForConditionalGeneration": "this is Gemma 3's multimodal checkpoint (vision tower and text model); "
+    "jaxllm serves Gemma 3's text model: use a Gemma3ForCausalLM checkpoint (gemma-3-270m, gemma-3-1b) "
+    "or a GGUF file of the model",
+}
 
 
 def _as_dict(hf_config: Any) -> dict[str, Any]:
@@ -81,6 +88,12 @@ class ModelArchConfig:
     # the checkpoint's per-layer FP8 KV-cache scales (compressed-tensors kv_cache_scheme): attn/k_scale,
     # attn/v_scale params that an fp8 KV cache divides by
     kv_cache_scales: bool = False
+    # Gemma 3: sliding-window ("sliding_attention") and global ("full_attention") layers interleave;
+    # None: every layer alike (sliding_window, if set, applies to all)
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None  # rotary base of the sliding layers (rope_local_base_freq)
+    query_pre_attn_scalar: float | None = None  # attention scale scalar**-0.5 (None: head_dim**-0.5)
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -89,6 +102,13 @@ class ModelArchConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        bad = sorted(set(self.layer_types or ()) - set(LAYER_TYPES))
+        if bad:
+            raise ValueError(f"layer_types holds {bad}; each layer must be one of {LAYER_TYPES}")
+        if "sliding_attention" in (self.layer_types or ()) and not self.sliding_window:
+            raise ValueError(
+                f"layer_types has sliding_attention layers but sliding_window={self.sliding_window}"
             )
 
     @property
@@ -102,6 +122,8 @@ class ModelArchConfig:
         if not archs:
             raise ValueError("config has no 'architectures' entry; cannot tell which model to build")
         arch = archs[0]
+        if arch in _REFUSED:
+            raise ValueError(f"architectures={archs}: {_REFUSED[arch]}")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
@@ -135,6 +157,8 @@ class ModelArchConfig:
                 final_layer_norm=bool(cfg.get("do_layer_norm_before", True))
                 and not bool(cfg.get("_remove_final_layer_norm", False)),
             )
+        if arch == "Gemma3ForCausalLM":
+            return cls(**common, **_gemma3_fields(cfg, hidden, heads))
         theta, scaling = _rope_params(cfg)
         is_qwen2 = arch == "Qwen2ForCausalLM"
         return cls(
@@ -153,3 +177,53 @@ class ModelArchConfig:
             sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
             hidden_act=cfg.get("hidden_act", "silu"),
         )
+
+
+def _gemma3_fields(cfg: dict[str, Any], hidden: int, heads: int) -> dict[str, Any]:
+    """Gemma 3's fields, from either config form: transformers 5's rope_parameters keyed by layer type
+    ({"full_attention": {...}, "sliding_attention": {...}}) or the hub's rope_theta / rope_local_base_freq /
+    rope_scaling (which scales the global layers only); layer_types or, without it, sliding_window_pattern
+    (every pattern-th layer is global)."""
+    n = int(cfg["num_hidden_layers"])
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError(
+            "use_bidirectional_attention=True (an embedding model) is not supported: jaxllm generates"
+        )
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params:
+        theta, scaling = _rope_params({"rope_parameters": params["full_attention"]})
+        local_theta, local = _rope_params({"rope_parameters": params.get("sliding_attention") or {}})
+    else:
+        theta, scaling = _rope_params({**cfg, "rope_theta": cfg.get("rope_theta", 1_000_000.0)})
+        local_theta, local = float(cfg.get("rope_local_base_freq", 10_000.0)), (("rope_type", "default"),)
+    if dict(local)["rope_type"] != "default":
+        raise ValueError(
+            f"rope_parameters.sliding_attention={dict(local)}: only rope_type 'default' is supported"
+        )
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if len(layer_types) != n:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n}")
+    # attn_logit_softcapping is read by transformers' Gemma 3 but never applied (Gemma 3 replaced Gemma 2's
+    # attention soft-cap with the q/k norms), so it is ignored here too
+    cap = cfg.get("final_logit_softcapping")
+    return dict(
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        o_proj_bias=bool(cfg.get("attention_bias", False)),
+        qk_norm=True,
+        sliding_window=cfg.get("sliding_window"),
+        hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
+        layer_types=tuple(layer_types),
+        rope_local_theta=local_theta,
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or 256),
+        final_logit_softcapping=None if cap is None else float(cap),
+    )

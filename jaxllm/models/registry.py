@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.gemma3 import Gemma3ForCausalLM
 from jaxllm.models.llama import LlamaForCausalLM
 from jaxllm.models.opt import OPTForCausalLM
 from jaxllm.quantization.scheme import FLOAT32_LEAVES
@@ -25,6 +26,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "OPTForCausalLM": OPTForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 
