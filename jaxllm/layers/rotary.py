@@ -30,6 +30,9 @@ def rope_inv_freq(
     inv_freq = _base_inv_freq(dim, theta)
     if rope_type in ("default", "dynamic"):
         return inv_freq, 1.0
+    if rope_type == "longrope":
+        short, _, attn = longrope_inv_freq(dim, theta, scaling, max_position_embeddings)
+        return short, attn
     factor = float(scaling["factor"]) if scaling.get("factor") is not None else None
     if rope_type == "linear":
         return inv_freq / factor, 1.0
@@ -73,6 +76,36 @@ def rope_inv_freq(
         inv = (1.0 / (factor * pos_freqs)) * (1 - extrap) + (1.0 / pos_freqs) * extrap
         return inv.astype(np.float32), float(attn)
     raise ValueError(f"rope_type={rope_type!r} is not supported")
+
+
+def longrope_inv_freq(
+    dim: int, theta: float, scaling: dict[str, Any], max_position_embeddings: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """LongRoPE (Phi-3): (f32[D/2] short, f32[D/2] long inverse frequencies, cos/sin multiplier). A sequence
+    uses the long ones once its context passes original_max_position_embeddings, the short ones before
+    (as HF chooses per forward pass from the longest position); the multiplier applies to both."""
+    orig = int(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor") or max_position_embeddings / orig
+    attn = scaling.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    base = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    short, long = (np.asarray(scaling[k], np.float32) for k in ("short_factor", "long_factor"))
+    if short.shape != base.shape or long.shape != base.shape:
+        raise ValueError(
+            f"rope_scaling short_factor/long_factor have {short.size}/{long.size} entries; head_dim {dim} needs {base.size}"
+        )
+    return (1.0 / (short * base)).astype(np.float32), (1.0 / (long * base)).astype(np.float32), float(attn)
+
+
+def longrope_token_inv_freq(
+    seq_lens: jax.Array,  # i32[T] context length of each token's sequence
+    short: np.ndarray,  # f32[D/2]
+    long: np.ndarray,  # f32[D/2]
+    original_max_position_embeddings: int,
+) -> jax.Array:  # f32[T, D/2]
+    use_long = (seq_lens > original_max_position_embeddings)[:, None]
+    return jnp.where(use_long, jnp.asarray(long)[None, :], jnp.asarray(short)[None, :])
 
 
 def dynamic_ntk_inv_freq(

@@ -22,6 +22,9 @@ _LLAMA_LAYER = {
     "self_attn.v_scale": ("attn/v_scale", False),
     "pre_feedforward_layernorm.weight": ("pre_ffw_norm/scale", False),  # Gemma 3
     "post_feedforward_layernorm.weight": ("post_ffw_norm/scale", False),
+    # Phi-3: q|k|v and gate|up held whole; the loader cuts them into the parts (params_builder.py)
+    "self_attn.qkv_proj.weight": ("attn/qkv_proj/kernel", True),
+    "mlp.gate_up_proj.weight": ("mlp/gate_up_proj/kernel", True),
 }
 for _p in ("q", "k", "v", "o"):
     _LLAMA_LAYER[f"self_attn.{_p}_proj.weight"] = (f"attn/{_p}_proj/kernel", True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jaxllm.quantization.scheme import LayerQuant, QuantScheme
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # multimodal checkpoints whose text model jaxllm would serve, with what to use instead
 _REFUSED = {
@@ -39,6 +39,10 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...
     theta = float(merged.pop("rope_theta", cfg.get("rope_theta", 10000.0)) or 10000.0)
     rope_type = merged.get("rope_type", merged.get("type", "default")) or "default"
     merged.pop("type", None)
+    if rope_type == "su":  # Phi-3's first name for longrope
+        rope_type = "longrope"
+    if rope_type == "longrope" and "original_max_position_embeddings" not in merged:
+        merged["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings")
     merged["rope_type"] = rope_type
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope_type={rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
@@ -160,6 +164,11 @@ class ModelArchConfig:
         if arch == "Gemma3ForCausalLM":
             return cls(**common, **_gemma3_fields(cfg, hidden, heads))
         theta, scaling = _rope_params(cfg)
+        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise ValueError(
+                f"partial_rotary_factor={cfg['partial_rotary_factor']} (rotary on part of each head, as in "
+                f"Phi-4-mini) is not supported for {arch}"
+            )
         is_qwen2 = arch == "Qwen2ForCausalLM"
         return cls(
             **common,

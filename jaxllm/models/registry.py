@@ -27,6 +27,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "OPTForCausalLM": OPTForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": LlamaForCausalLM,  # q|k|v and gate|up held whole in the checkpoint (loader/names.py)
 }
 
 
