@@ -140,11 +140,18 @@ def apply_rotary(
     pass through unchanged (exactly: cos 1, sin 0). That rotates the q and k heads of a fused q|k|v
     array [T, Hq + 2 S, D] in one elementwise pass: laid out shard by shard for N devices
     (models/fused_projections.py), each run of period = (Hq + 2 S) / N heads is one shard's q|k|v, and
-    its first count = (Hq + S) / N heads rotate."""
+    its first count = (Hq + S) / N heads rotate.
+
+    inv_freq narrower than D / 2 (partial_rotary_factor < 1, Phi-4-mini): only the first 2 * len(inv_freq)
+    dims of each head rotate, in the same "rotate half" layout; the others pass through."""
     inv_freq = jnp.asarray(inv_freq, jnp.float32)
     if inv_freq.ndim == 1:
         inv_freq = inv_freq[None, :]
     t, h, d = x.shape
+    rd = 2 * inv_freq.shape[-1]
+    if rd < d:  # partial rotary (partial_rotary_factor): the first rd dims rotate, the rest pass through
+        head = apply_rotary(x[..., :rd], positions, inv_freq, attention_factor, rotated)
+        return jnp.concatenate([head, x[..., rd:]], axis=-1)
     freqs = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
     cos = (jnp.cos(freqs) * attention_factor)[:, None, None, :]  # [T, 1, 1, D/2]
     sin = (jnp.sin(freqs) * attention_factor)[:, None, None, :]

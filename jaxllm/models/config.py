@@ -164,11 +164,11 @@ class ModelArchConfig:
         if arch == "Gemma3ForCausalLM":
             return cls(**common, **_gemma3_fields(cfg, hidden, heads))
         theta, scaling = _rope_params(cfg)
-        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise ValueError(
-                f"partial_rotary_factor={cfg['partial_rotary_factor']} (rotary on part of each head, as in "
-                f"Phi-4-mini) is not supported for {arch}"
-            )
+        partial = float(cfg.get("partial_rotary_factor") or dict(scaling).get("partial_rotary_factor") or 1.0)
+        if partial != 1.0:  # rotary on the first part of each head only (Phi-4-mini)
+            if dict(scaling)["rope_type"] == "dynamic":
+                raise ValueError(f"partial_rotary_factor={partial} with rope_type 'dynamic' is not supported")
+            scaling = tuple(sorted({**dict(scaling), "partial_rotary_factor": partial}.items()))
         is_qwen2 = arch == "Qwen2ForCausalLM"
         return cls(
             **common,

@@ -265,7 +265,8 @@ class LlamaForCausalLM(nn.Module):
                 seq_lens, a.head_dim, a.rope_theta, float(rope["factor"]), a.max_position_embeddings
             )
         if rope["rope_type"] == "longrope":  # Phi-3: per sequence, short or long factors by its length
-            short, long, _ = longrope_inv_freq(a.head_dim, a.rope_theta, rope, a.max_position_embeddings)
+            dim = int(a.head_dim * rope.get("partial_rotary_factor", 1.0))
+            short, long, _ = longrope_inv_freq(dim, a.rope_theta, rope, a.max_position_embeddings)
             orig = int(rope["original_max_position_embeddings"])
             inv_freq = longrope_token_inv_freq(sequence_lengths(md, input_ids.shape[0]), short, long, orig)
         x = self.embed_tokens(input_ids)

@@ -39,6 +39,18 @@ CASES = {  # (config, prompts)
         prompts_for(),
     ),
     "default_rope_sliding": (dict(PHI3, sliding_window=8, tie_word_embeddings=False), prompts_for()),
+    # Phi-4-mini's form: rotary on the first half of each head only (4 frequencies), LongRoPE, tied
+    "partial_rotary_longrope": (
+        dict(
+            PHI3,
+            partial_rotary_factor=0.5,
+            tie_word_embeddings=True,
+            rope_scaling=dict(
+                LONGROPE, short_factor=LONGROPE["short_factor"][:4], long_factor=LONGROPE["long_factor"][:4]
+            ),
+        ),
+        LONG_PROMPTS,
+    ),  # fmt: skip
 }
 
 
@@ -62,7 +74,18 @@ def test_phi3_su_is_longrope():
     assert rope["rope_type"] == "longrope" and rope["original_max_position_embeddings"] == 16
 
 
-def test_partial_rotary_refused():
+def test_partial_rotary_with_dynamic_ntk_refused():
     cfg = dict(PHI3, architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.75)
+    cfg["rope_scaling"] = dict(rope_type="dynamic", factor=2.0)
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         ModelArchConfig.from_hf(cfg)
+
+
+def test_partial_rotary_reaches_both_sides():
+    """The partial case above checks something: transformers rotates 4 of 8 frequency pairs, and so do we."""
+    config, _ = CASES["partial_rotary_longrope"]
+    model = make_hf_model("Phi3Config", copy.deepcopy(config))
+    assert model.model.rotary_emb.inv_freq.shape == (4,)
+    cfg = model.config.to_dict()
+    cfg["architectures"] = ["Phi3ForCausalLM"]
+    assert ModelArchConfig.from_hf(cfg).rope["partial_rotary_factor"] == 0.5
