@@ -41,8 +41,16 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...
     merged.pop("type", None)
     if rope_type == "su":  # Phi-3's first name for longrope
         rope_type = "longrope"
-    if rope_type == "longrope" and "original_max_position_embeddings" not in merged:
-        merged["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings")
+    if rope_type == "longrope":
+        if merged.get("original_max_position_embeddings") is None:
+            merged["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings")
+        missing = [
+            k
+            for k in ("short_factor", "long_factor", "original_max_position_embeddings")
+            if not merged.get(k)
+        ]
+        if missing:
+            raise ValueError(f"rope_scaling with rope_type='longrope' needs {', '.join(missing)}")
     merged["rope_type"] = rope_type
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope_type={rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
