@@ -1,6 +1,7 @@
 """Normalization layers (statistics in float32, output in the input dtype).
 
-RMSNorm (Llama family; param `scale` [H]) and LayerNorm (OPT; params `scale`, `bias` [H]).
+RMSNorm (Llama family; param `scale` [H]), GemmaRMSNorm (Gemma: the checkpoint's weight is zero-centred,
+the output x_hat * (1 + weight), all in float32 before the cast) and LayerNorm (OPT; params `scale`, `bias` [H]).
 """
 
 from __future__ import annotations
@@ -20,6 +21,18 @@ class RMSNorm(nn.Module):
         xf = x.astype(jnp.float32)
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
         return scale * xf.astype(x.dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    dim: int
+    eps: float = 1e-6
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., dim] -> [..., dim]
+        scale = self.param("scale", nn.initializers.zeros, (self.dim,))
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (xf * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
 
 
 class LayerNorm(nn.Module):

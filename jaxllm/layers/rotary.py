@@ -30,6 +30,9 @@ def rope_inv_freq(
     inv_freq = _base_inv_freq(dim, theta)
     if rope_type in ("default", "dynamic"):
         return inv_freq, 1.0
+    if rope_type == "longrope":
+        short, _, attn = longrope_inv_freq(dim, theta, scaling, max_position_embeddings)
+        return short, attn
     factor = float(scaling["factor"]) if scaling.get("factor") is not None else None
     if rope_type == "linear":
         return inv_freq / factor, 1.0
@@ -75,6 +78,36 @@ def rope_inv_freq(
     raise ValueError(f"rope_type={rope_type!r} is not supported")
 
 
+def longrope_inv_freq(
+    dim: int, theta: float, scaling: dict[str, Any], max_position_embeddings: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """LongRoPE (Phi-3): (f32[D/2] short, f32[D/2] long inverse frequencies, cos/sin multiplier). A sequence
+    uses the long ones once its context passes original_max_position_embeddings, the short ones before
+    (as HF chooses per forward pass from the longest position); the multiplier applies to both."""
+    orig = int(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor") or max_position_embeddings / orig
+    attn = scaling.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    base = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    short, long = (np.asarray(scaling[k], np.float32) for k in ("short_factor", "long_factor"))
+    if short.shape != base.shape or long.shape != base.shape:
+        raise ValueError(
+            f"rope_scaling short_factor/long_factor have {short.size}/{long.size} entries; head_dim {dim} needs {base.size}"
+        )
+    return (1.0 / (short * base)).astype(np.float32), (1.0 / (long * base)).astype(np.float32), float(attn)
+
+
+def longrope_token_inv_freq(
+    seq_lens: jax.Array,  # i32[T] context length of each token's sequence
+    short: np.ndarray,  # f32[D/2]
+    long: np.ndarray,  # f32[D/2]
+    original_max_position_embeddings: int,
+) -> jax.Array:  # f32[T, D/2]
+    use_long = (seq_lens > original_max_position_embeddings)[:, None]
+    return jnp.where(use_long, jnp.asarray(long)[None, :], jnp.asarray(short)[None, :])
+
+
 def dynamic_ntk_inv_freq(
     seq_lens: jax.Array,  # i32[T] context length of each token's sequence
     head_dim: int,
@@ -107,11 +140,18 @@ def apply_rotary(
     pass through unchanged (exactly: cos 1, sin 0). That rotates the q and k heads of a fused q|k|v
     array [T, Hq + 2 S, D] in one elementwise pass: laid out shard by shard for N devices
     (models/fused_projections.py), each run of period = (Hq + 2 S) / N heads is one shard's q|k|v, and
-    its first count = (Hq + S) / N heads rotate."""
+    its first count = (Hq + S) / N heads rotate.
+
+    inv_freq narrower than D / 2 (partial_rotary_factor < 1, Phi-4-mini): only the first 2 * len(inv_freq)
+    dims of each head rotate, in the same "rotate half" layout; the others pass through."""
     inv_freq = jnp.asarray(inv_freq, jnp.float32)
     if inv_freq.ndim == 1:
         inv_freq = inv_freq[None, :]
     t, h, d = x.shape
+    rd = 2 * inv_freq.shape[-1]
+    if rd < d:  # partial rotary (partial_rotary_factor): the first rd dims rotate, the rest pass through
+        head = apply_rotary(x[..., :rd], positions, inv_freq, attention_factor, rotated)
+        return jnp.concatenate([head, x[..., rd:]], axis=-1)
     freqs = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
     cos = (jnp.cos(freqs) * attention_factor)[:, None, None, :]  # [T, 1, 1, D/2]
     sin = (jnp.sin(freqs) * attention_factor)[:, None, None, :]

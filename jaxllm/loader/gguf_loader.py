@@ -1,5 +1,5 @@
 """GGUF file (llama.cpp) -> (HF-style config dict, params), for the Llama family (llama, mistral, qwen2,
-qwen3 metadata).
+qwen3 metadata) and Gemma 3 (gemma3: its norm weights are stored plus one, which the load takes off).
 
 Header: `gguf.GGUFReader` memory-maps the file; `{arch}.*` metadata becomes an HF config dict
 (`gguf_hf_config`), which also records the GGUF type of every decoder projection's parts
@@ -35,7 +35,10 @@ GGUF_ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
+# llama.cpp's converter stores Gemma's zero-centred norm weights plus one; the model adds the one itself
+_NORM_SHIFTED = ("gemma3",)
 _PERMUTED_QK = ("llama", "mistral")  # llama.cpp's converter permutes Q/K rows only for these
 # llama.cpp's recommended-sampling metadata -> generation_config.json's names (the ones jaxllm takes as
 # request defaults; config.GENERATION_CONFIG_FIELDS)
@@ -121,7 +124,29 @@ def gguf_hf_config(reader, path: str) -> dict[str, Any]:
             )
     elif scaling_type not in (None, "none"):
         raise ValueError(f"{path}: rope scaling type {scaling_type!r} is not supported")
+    if arch == "gemma3":
+        cfg.update(gemma3_gguf_fields(get, cfg))
     return cfg
+
+
+def gemma3_gguf_fields(get, cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a Gemma 3 GGUF leaves to the reader, as llama.cpp fills it in: every 6th layer global, the
+    sliding layers' rotary base 10,000 (unscaled), the attention scale 1/sqrt(head_dim) except for the
+    62-layer 27B, whose is 1/sqrt(hidden / heads); the MLP's tanh GELU; tied embeddings."""
+    n, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
+    swa = get("attention.sliding_window_pattern", 6)  # newer files: one bool per layer (True: sliding)
+    if isinstance(swa, list):
+        kinds = {"layer_types": ["sliding_attention" if s else "full_attention" for s in swa]}
+    else:
+        kinds = {"sliding_window_pattern": int(swa)}
+    return {
+        **kinds,
+        "sliding_window": int(get("attention.sliding_window")),
+        "rope_local_base_freq": float(get("rope.freq_base_swa", 10_000.0)),
+        "query_pre_attn_scalar": hidden // heads if n == 62 else cfg["head_dim"],
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": get("final_logit_softcapping"),
+    }
 
 
 def gguf_generation_config(reader) -> dict[str, Any]:
@@ -220,6 +245,8 @@ def load_gguf_params(
         else:
             base = target.removesuffix("kernel")
             leaves = {base + k: v for k, v in quantized_leaves(tensor, scheme, path).items()}
+        if gguf_arch in _NORM_SHIFTED and tensor.name.endswith("norm.weight"):
+            leaves = {k: v - 1.0 for k, v in leaves.items()}
         if gguf_arch in _PERMUTED_QK and tensor.name.endswith((".attn_q.weight", ".attn_k.weight")):
             n = arch.num_heads if ".attn_q." in tensor.name else arch.num_kv_heads
             leaves = {k: unpermute_qk(v, n) for k, v in leaves.items()}  # rows = outputs, in every leaf

@@ -20,6 +20,11 @@ _LLAMA_LAYER = {
     "self_attn.k_norm.weight": ("attn/k_norm/scale", False),
     "self_attn.k_scale": ("attn/k_scale", False),  # FP8 KV-cache scales (compressed-tensors)
     "self_attn.v_scale": ("attn/v_scale", False),
+    "pre_feedforward_layernorm.weight": ("pre_ffw_norm/scale", False),  # Gemma 3
+    "post_feedforward_layernorm.weight": ("post_ffw_norm/scale", False),
+    # Phi-3: q|k|v and gate|up held whole; the loader cuts them into the parts (params_builder.py)
+    "self_attn.qkv_proj.weight": ("attn/qkv_proj/kernel", True),
+    "mlp.gate_up_proj.weight": ("mlp/gate_up_proj/kernel", True),
 }
 for _p in ("q", "k", "v", "o"):
     _LLAMA_LAYER[f"self_attn.{_p}_proj.weight"] = (f"attn/{_p}_proj/kernel", True)
@@ -130,6 +135,12 @@ _GGUF_LAYER = {
 for _p in ("q", "k", "v"):
     _GGUF_LAYER[f"attn_{_p}.weight"] = (f"attn/{_p}_proj/kernel", True)
     _GGUF_LAYER[f"attn_{_p}.bias"] = (f"attn/{_p}_proj/bias", False)
+# Gemma 3 norms around the attention and the MLP (llama.cpp names; ffn_norm is the pre-MLP norm)
+_GGUF_GEMMA3_LAYER = {
+    "post_attention_norm.weight": ("post_attn_norm/scale", False),
+    "ffn_norm.weight": ("pre_ffw_norm/scale", False),
+    "post_ffw_norm.weight": ("post_ffw_norm/scale", False),
+}
 _GGUF_BLK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -146,7 +157,10 @@ def gguf_name(name: str, arch: ModelArchConfig) -> Mapped:
     if name == "output.weight":
         return None if arch.tie_word_embeddings else ("lm_head/kernel", True)
     m = _GGUF_BLK_RE.match(name)
-    if m and m.group(2) in _GGUF_LAYER:
-        path, t = _GGUF_LAYER[m.group(2)]
+    layer_names = _GGUF_LAYER
+    if arch.architecture == "Gemma3ForCausalLM":
+        layer_names = {**_GGUF_LAYER, **_GGUF_GEMMA3_LAYER}
+    if m and m.group(2) in layer_names:
+        path, t = layer_names[m.group(2)]
         return f"layers_{m.group(1)}/{path}", t
     raise _unknown(name)

@@ -74,6 +74,9 @@ class ParamsBuilder:
         if m and m.group(2) in self._parts:
             self._put_part(m.group(1), m.group(2), m.group(3), x, transpose, name)
             return
+        if m and m.group(2) in self._groups and m.group(3) in ("kernel", "bias"):
+            self._put_whole(m.group(1), self._groups[m.group(2)], m.group(3), x, transpose, name)
+            return
         if path not in self.expected:
             raise ValueError(
                 f"{self.source}: tensor {name!r} maps to {path!r}, which this model does not have"
@@ -149,6 +152,25 @@ class ParamsBuilder:
             parts = [held[j] for j in range(len(group.parts))]
             fused = self._input_leaf(path, leaf, parts) if shared else fuse_columns(group, parts, axis)
             self._place(path, fused)
+
+    def _put_whole(
+        self, layer: str, group: FusedGroup, leaf: str, x: Any, transpose: bool, name: str
+    ) -> None:
+        """A checkpoint that holds a fused projection whole (Phi-3's qkv_proj [(Nq + 2 Nkv) D, H] and
+        gate_up_proj [2 I, H]): cut along its outputs into the parts, as wide as they are unsharded, and
+        put each as a part, so the fused weight takes the model's layout (models/fused_projections.py)."""
+        axis = 0 if transpose or leaf == "bias" else x.ndim - 1  # the outputs: rows of [out, in]
+        widths = [p.heads * p.head_width for p in group.parts]
+        if x.shape[axis] != sum(widths):
+            raise ValueError(
+                f"{self.source}: tensor {name!r} has shape {tuple(x.shape)}; the config implies "
+                f"{sum(widths)} outputs ({' + '.join(map(str, widths))}: {', '.join(p.name for p in group.parts)})"
+            )
+        start = 0
+        for part, width in zip(group.parts, widths, strict=True):
+            piece = x[start : start + width] if axis == 0 else x[..., start : start + width]
+            self._put_part(layer, part.name, leaf, piece, transpose, name)
+            start += width
 
     def _out_axis(self, path: str) -> int:
         """The axis of a leaf that holds the layer's outputs N: the last one, but 0 for a W8A8 qweight

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2, Qwen3) as a functional Flax linen module.
+"""Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2, Qwen3, Phi-3) as a functional Flax linen module.
 
 Data flow of `__call__(input_ids, kv_caches, md)`:
   input_ids i32[T] -> embed_tokens -> for each layer (unrolled Python loop, one param subtree each; the
@@ -40,7 +40,13 @@ from jaxllm.layers.attention import kv_cache_scales, paged_attention, paged_atte
 from jaxllm.layers.attention_metadata import AttentionMetadata, KVCache
 from jaxllm.layers.linear import linear
 from jaxllm.layers.norm import RMSNorm
-from jaxllm.layers.rotary import apply_rotary, dynamic_ntk_inv_freq, rope_inv_freq
+from jaxllm.layers.rotary import (
+    apply_rotary,
+    dynamic_ntk_inv_freq,
+    longrope_inv_freq,
+    longrope_token_inv_freq,
+    rope_inv_freq,
+)
 from jaxllm.models.config import ModelArchConfig
 from jaxllm.models.fused_projections import FusedGroup, FusedPart, split_columns
 from jaxllm.models.layer_trace import call_layer
@@ -258,6 +264,11 @@ class LlamaForCausalLM(nn.Module):
             inv_freq = dynamic_ntk_inv_freq(
                 seq_lens, a.head_dim, a.rope_theta, float(rope["factor"]), a.max_position_embeddings
             )
+        if rope["rope_type"] == "longrope":  # Phi-3: per sequence, short or long factors by its length
+            dim = int(a.head_dim * rope.get("partial_rotary_factor", 1.0))
+            short, long, _ = longrope_inv_freq(dim, a.rope_theta, rope, a.max_position_embeddings)
+            orig = int(rope["original_max_position_embeddings"])
+            inv_freq = longrope_token_inv_freq(sequence_lengths(md, input_ids.shape[0]), short, long, orig)
         x = self.embed_tokens(input_ids)
         new_caches = []
         if research is None:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from jaxllm.layers.attention_metadata import AttentionMetadata
 from jaxllm.models.config import ModelArchConfig
+from jaxllm.models.gemma3 import Gemma3ForCausalLM
 from jaxllm.models.llama import LlamaForCausalLM
 from jaxllm.models.moe_llama import MoeForCausalLM
 from jaxllm.models.opt import OPTForCausalLM
@@ -28,6 +29,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "OPTForCausalLM": OPTForCausalLM,
     "MixtralForCausalLM": MoeForCausalLM,
     "Qwen3MoeForCausalLM": MoeForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": LlamaForCausalLM,  # q|k|v and gate|up held whole in the checkpoint (loader/names.py)
 }
 
 

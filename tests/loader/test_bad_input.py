@@ -150,7 +150,9 @@ def test_presets_need_dummy_and_bad_rope(monkeypatch):
         load_model(ModelSpec(model="no-such-model"))
     with pytest.raises(ValueError, match="needs a preset"):
         load_model(ModelSpec(model="./no-such-model", load_format="dummy"))
-    with pytest.raises(ValueError, match="rope_type='longrope'"):
+    with pytest.raises(ValueError, match="rope_type='mrope'"):
+        ModelArchConfig.from_hf({**TINY, "rope_scaling": {"rope_type": "mrope", "factor": 2.0}})
+    with pytest.raises(ValueError, match="longrope' needs short_factor, long_factor"):
         ModelArchConfig.from_hf({**TINY, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
     with pytest.raises(ValueError, match="num_heads=3"):
         ModelArchConfig.from_hf({**TINY, "num_attention_heads": 3, "num_key_value_heads": 2})

@@ -79,6 +79,11 @@ class PagedRunner:
         """f32[len(prompt), V] logits of every prompt position."""
         return self._run(list(prompts) + [[]] * (self.s - len(prompts)), self.t_prefill)
 
+    def extend(self, chunks: list[list[int]]) -> list[np.ndarray]:
+        """One step that gives sequence s the tokens chunks[s] after those it has (a prefill chunk):
+        f32[len(chunks[s]), V] logits per sequence."""
+        return self._run(list(chunks) + [[]] * (self.s - len(chunks)), self.t_prefill)
+
     def greedy(self, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
         last = [lg[-1] for lg in self.prefill(prompts)]
         out = [[int(np.argmax(lg))] for lg in last]
