@@ -41,9 +41,12 @@ def run(project: Path, script: str, *args: str, **env: str) -> list[str]:
 
 
 def installs(calls: list[str]) -> list[str]:
-    """What pip was asked to install, pip's own upgrade left out."""
+    """What pip was asked to install, pip's own upgrade left out. Every install keeps no copy of what it
+    downloads (--no-cache-dir: the test extra's CUDA torch is gigabytes)."""
     prefix = "python -m pip install -q "
-    return [c.removeprefix(prefix) for c in calls if c.startswith(prefix) and not c.endswith("--upgrade pip")]
+    asked = [c.removeprefix(prefix) for c in calls if c.startswith(prefix)]
+    assert all(a.startswith("--no-cache-dir ") for a in asked), asked
+    return [a.removeprefix("--no-cache-dir ") for a in asked if not a.endswith("--upgrade pip")]
 
 
 def test_serve_installs_no_test_extra_and_test_installs_it(project):
