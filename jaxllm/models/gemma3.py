@@ -35,9 +35,9 @@ from jaxllm.layers.linear import linear
 from jaxllm.layers.norm import GemmaRMSNorm
 from jaxllm.layers.rotary import apply_rotary, rope_inv_freq
 from jaxllm.models.config import ModelArchConfig
-from jaxllm.models.fused_projections import FusedGroup, split_columns
+from jaxllm.models.fused_projections import split_columns
 from jaxllm.models.layer_trace import call_layer
-from jaxllm.models.llama import LlamaMLP, gate_up_group, layer_quant, qkv_group, tied_or_head_logits
+from jaxllm.models.llama import LlamaForCausalLM, LlamaMLP, layer_quant, qkv_group
 from jaxllm.quantization.scheme import LayerQuant
 
 
@@ -111,11 +111,10 @@ class Gemma3DecoderLayer(nn.Module):
         return x, kv_cache
 
 
-class Gemma3ForCausalLM(nn.Module):
-    arch: ModelArchConfig
-    attn_backend: str = "reference"
-    trace_layers_once: bool = True  # layers of a kind share one trace per step shape (models/layer_trace.py)
-    tp_size: int = 1  # tensor-parallel shards the fused projections are laid out for
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Llama's model with Gemma's layers, scaled embeddings, two rotary bases and a logit soft-cap; the
+    fused projections and the head as Llama's (layers of a kind share one trace: models/layer_trace.py)."""
+
     supports_research = False  # research hooks are written for the Llama family (models/research_hooks.py)
 
     def setup(self) -> None:
@@ -158,20 +157,5 @@ class Gemma3ForCausalLM(nn.Module):
             new_caches.append(kv_cache)
         return self.norm(x), new_caches
 
-    def fused_groups(self) -> tuple[FusedGroup, ...]:
-        """The fused projections of every layer, for the loader (which gets the checkpoint's parts)."""
-        return qkv_group(self.arch, self.tp_size), gate_up_group(self.arch, self.tp_size)
-
-    def init_all(self, input_ids, kv_caches, md):
-        """For `init`/`eval_shape`: touches every parameter (the forward pass and the head)."""
-        hidden, _ = self(input_ids, kv_caches, md)
-        return self.compute_logits(hidden)
-
     def compute_logits(self, hidden: jax.Array) -> jax.Array:  # [N, H] -> f32[N, V]
-        if self.is_initializing() and not self.arch.tie_word_embeddings:
-            self.lm_head(hidden)  # creates the lm_head params
-        if self.arch.tie_word_embeddings:
-            logits = tied_or_head_logits(hidden, self.embed_tokens.embedding, None)
-        else:
-            logits = tied_or_head_logits(hidden, None, self.lm_head.variables["params"]["kernel"])
-        return soft_cap(logits, self.arch.final_logit_softcapping)
+        return soft_cap(super().compute_logits(hidden), self.arch.final_logit_softcapping)
