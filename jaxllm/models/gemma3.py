@@ -117,16 +117,12 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     supports_research = False  # research hooks are written for the Llama family (models/research_hooks.py)
 
-    def setup(self) -> None:
+    def decoder_layer(self, i: int) -> nn.Module:
         a = self.arch
-        self.embed_tokens = nn.Embed(a.vocab_size, a.hidden_size)
-        self.layers = [
-            Gemma3DecoderLayer(a, self.attn_backend, self.tp_size, layer_quant(a, i), is_sliding(a, i))
-            for i in range(a.num_layers)
-        ]
-        self.norm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
-        if not a.tie_word_embeddings:
-            self.lm_head = nn.Dense(a.vocab_size, use_bias=False)
+        return Gemma3DecoderLayer(a, self.attn_backend, self.tp_size, layer_quant(a, i), is_sliding(a, i))
+
+    def final_norm(self) -> nn.Module:
+        return GemmaRMSNorm(self.arch.hidden_size, self.arch.rms_norm_eps)
 
     def __call__(
         self,

@@ -240,13 +240,17 @@ class LlamaForCausalLM(nn.Module):
     def setup(self) -> None:
         a = self.arch
         self.embed_tokens = nn.Embed(a.vocab_size, a.hidden_size)
-        self.layers = [
-            LlamaDecoderLayer(a, self.attn_backend, self.tp_size, layer_quant(a, i))
-            for i in range(a.num_layers)
-        ]
-        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.layers = [self.decoder_layer(i) for i in range(a.num_layers)]
+        self.norm = self.final_norm()
         if not a.tie_word_embeddings:
             self.lm_head = nn.Dense(a.vocab_size, use_bias=False)
+
+    def decoder_layer(self, i: int) -> nn.Module:
+        """Layer i (unbound, built in setup): what families built on this model (Gemma 3, MoE) replace."""
+        return LlamaDecoderLayer(self.arch, self.attn_backend, self.tp_size, layer_quant(self.arch, i))
+
+    def final_norm(self) -> nn.Module:
+        return RMSNorm(self.arch.hidden_size, self.arch.rms_norm_eps)
 
     def __call__(
         self,

@@ -135,16 +135,13 @@ class MoeForCausalLM(LlamaForCausalLM):
                 f"{a.architecture}: quantized mixture-of-experts checkpoints are not supported "
                 f"(quantization={a.quant.describe() if a.quant else 'gguf'}); use a float checkpoint"
             )
-        self.embed_tokens = nn.Embed(a.vocab_size, a.hidden_size)
-        self.layers = [
-            MoeDecoderLayer(
-                a, self.attn_backend, self.tp_size, layer_quant(a, i), i not in a.dense_mlp_layers
-            )
-            for i in range(a.num_layers)
-        ]
-        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        if not a.tie_word_embeddings:
-            self.lm_head = nn.Dense(a.vocab_size, use_bias=False)
+        super().setup()
+
+    def decoder_layer(self, i: int) -> nn.Module:
+        a = self.arch
+        return MoeDecoderLayer(
+            a, self.attn_backend, self.tp_size, layer_quant(a, i), i not in a.dense_mlp_layers
+        )
 
     def fused_groups(self) -> tuple[FusedGroup, ...]:
         a, n = self.arch, self.tp_size
