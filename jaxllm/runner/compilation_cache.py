@@ -65,7 +65,8 @@ def _check(data: bytes) -> str | None:
         return f"{len(data)} bytes, shorter than a header"
     if not data.startswith(MAGIC):
         return "no jaxllm header"
-    digest, payload = data[len(MAGIC) : len(MAGIC) + _DIGEST], data[len(MAGIC) + _DIGEST :]
+    view = memoryview(data)  # hashed in place: an executable can be tens of MB, copied once on a hit
+    digest, payload = view[len(MAGIC) : len(MAGIC) + _DIGEST], view[len(MAGIC) + _DIGEST :]
     if hashlib.sha256(payload).digest() != digest:
         return f"checksum mismatch over {len(payload)} bytes (truncated or overwritten)"
     return None
