@@ -193,7 +193,11 @@ def test_restart_rebuilds_damaged_caches_and_sigterm_drains(caches, tmp_path):
     assert r.status_code in (200, 503), r.text
     if r.status_code == 503:
         assert r.json()["error"]["type"] == "service_unavailable"
-    assert "Traceback" not in text, log_tail(str(log), 60)
+    # Orbax may log the truncated file's read error, with its traceback, before our "is corrupt" line and
+    # the rebuild: the fault this test made. Nothing else may raise, before or after.
+    loading, served = text.split("saved converted params to", 1)
+    assert all("orbax" in tb for tb in loading.split("Traceback (most recent call last):")[1:]), loading
+    assert "Traceback" not in served, log_tail(str(log), 60)
 
 
 @pytest.fixture
