@@ -49,12 +49,15 @@ def size_device_memory_pool(gpu_memory_utilization: float) -> None:
 
 def enable_compilation_cache(path: str | None) -> str | None:
     """JAX's persistent compilation cache in `path` (None: off), so a restart loads what it compiled; its
-    entries are checked on read and written whole (runner/compilation_cache.py)."""
+    entries are checked on read and written whole (runner/compilation_cache.py). Programs that compiled
+    faster than JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS (JAX's own variable; 0.2 s unless set) are not
+    worth a file."""
     if path is None:
         return None
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    min_compile_s = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
     compilation_cache.install(path)
     return path
 

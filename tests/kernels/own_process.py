@@ -2,12 +2,14 @@
 
 Mosaic GPU's interpreter runs each warpgroup as a separate XLA CPU computation whose host callbacks
 block until the other warpgroups reach a barrier. When XLA CPU defers such a computation to its own
-thread pool (sized by the core count, 2 on CI), blocked callbacks can starve that pool and the test
-waits forever. In-process nothing can stop it: the waiting threads sit in C++ and never return to
-Python. A child process can be killed. A child that passes or fails gives its verdict as it is; a
-child that runs past the limit is killed and run once more, and its stacks (pytest's
-faulthandler_timeout, shortly before the kill) go into the failure if the second run hangs too. A
-wrong answer is never retried.
+thread pool, blocked callbacks can starve that pool and the test waits forever. The pool is sized by
+the core count (2 on CI) unless `PJRT_NPROC` says otherwise, so the child gets a pool of
+`CHILD_PJRT_NPROC` threads: under `taskset -c 0` such a test hangs every time with the default pool and
+passes in seconds with this one. The time limit stays as a guard: in-process nothing could stop a hang
+(the waiting threads sit in C++ and never return to Python), a child process can be killed. A child that
+passes or fails gives its verdict as it is; a child that runs past the limit is killed and run once
+more, and its stacks (pytest's faulthandler_timeout, shortly before the kill) go into the failure if the
+second run hangs too. A wrong answer is never retried.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ CHILD_ENV = "JAXLLM_OWN_PROCESS_CHILD"
 # hung one costs the whole limit before its retry.
 DEFAULT_TIMEOUT_S = 240
 ATTEMPTS = 2
+# More threads than the warpgroups of any kernel under test can block at once (XLA reads PJRT_NPROC
+# when it creates the CPU client).
+CHILD_PJRT_NPROC = "16"
 
 
 def in_child() -> bool:
@@ -37,7 +42,7 @@ def _run_child(item: pytest.Item, timeout_s: float) -> tuple[str, str]:
         "-o", "addopts=", "-o", f"faulthandler_timeout={max(10, int(timeout_s) - 30)}",
         item.nodeid,
     ]  # fmt: skip
-    env = {**os.environ, CHILD_ENV: "1"}
+    env = {**os.environ, CHILD_ENV: "1", "PJRT_NPROC": CHILD_PJRT_NPROC}
     try:
         proc = subprocess.run(
             cmd, cwd=item.config.rootpath, env=env, capture_output=True, text=True, timeout=timeout_s
