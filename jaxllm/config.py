@@ -147,6 +147,80 @@ class RunnerConfig:
     bucket_growth: int = 2
 
 
+SPECULATIVE_METHODS = ("ngram",)
+# vLLM's other methods, refused with what to do instead.
+REFUSED_SPECULATIVE_METHODS = {
+    m: "only prompt lookup ('ngram') is served; leave --speculative-config out or use method 'ngram'"
+    for m in ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+}
+SPECULATIVE_KEYS = (
+    "method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding by prompt lookup (vLLM's `--speculative-config '{"method": "ngram", ...}'`).
+
+    Each step proposes up to `num_speculative_tokens` tokens per decoding request: those that followed the
+    latest earlier occurrence of the request's last n tokens (n from prompt_lookup_max down to
+    prompt_lookup_min) in its prompt and output. The step verifies them in one forward pass
+    (jaxllm/spec_decode/). `disable_by_batch_size`: no proposals while this many requests or more run (a
+    full batch gains little from them)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SpeculativeConfig:
+        """vLLM's JSON object; raises ValueError naming the key (as `speculative_config.KEY`)."""
+        where = "speculative_config (--speculative-config)"
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{where} must be a JSON object, got {type(d).__name__}")
+        if "model" in d:
+            raise ValueError(
+                f"speculative_config.model={d['model']!r}: draft models are not supported; "
+                f"{REFUSED_SPECULATIVE_METHODS['draft_model']}"
+            )
+        unknown = sorted(set(d) - set(SPECULATIVE_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; known: {', '.join(SPECULATIVE_KEYS)}")
+        method = d.get("method", "ngram")
+        if method in REFUSED_SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config.method={method!r}: {REFUSED_SPECULATIVE_METHODS[method]}")
+        if method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config.method={method!r} must be one of {SPECULATIVE_METHODS}")
+        if "num_speculative_tokens" not in d:
+            raise ValueError("speculative_config.num_speculative_tokens is required (e.g. 4)")
+        lo, hi = d.get("prompt_lookup_min"), d.get("prompt_lookup_max")
+        if lo is None and hi is None:
+            lo = hi = 5
+        lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+        values = {
+            "num_speculative_tokens": d["num_speculative_tokens"],
+            "prompt_lookup_min": lo,
+            "prompt_lookup_max": hi,
+            "disable_by_batch_size": d.get("disable_by_batch_size"),
+        }
+        for key, v in values.items():
+            if v is None and key == "disable_by_batch_size":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"speculative_config.{key}={v!r} must be an integer >= 1")
+        if values["num_speculative_tokens"] > 16:
+            raise ValueError(
+                f"speculative_config.num_speculative_tokens={values['num_speculative_tokens']} must be <= 16"
+            )
+        if lo > hi:
+            raise ValueError(
+                f"speculative_config.prompt_lookup_min={lo} must be <= speculative_config.prompt_lookup_max={hi}"
+            )
+        return cls(method=method, **values)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -157,3 +231,4 @@ class EngineConfig:
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     usage: str = "offline"
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for
+    speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)

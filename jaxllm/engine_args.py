@@ -38,6 +38,7 @@ from jaxllm.config import (
     ParallelConfig,
     RunnerConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     check_chunked_prefill_fit,
     check_process_id,
     sampling_defaults_from,
@@ -223,6 +224,13 @@ class EngineArgs:
         "fcfs", "fcfs: arrival order; priority: requests' priority, then arrival", choices=SCHEDULING_POLICIES
     )
     async_scheduling: bool = arg_field(True, "schedule the next step while the device runs the current one")
+    speculative_config: dict[str, Any] | None = arg_field(
+        None,
+        "speculative decoding, a JSON object as vLLM takes it: "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
+        "(prompt lookup: proposals copied from the request's own prompt and output, verified in one "
+        "forward pass; greedy and seeded outputs are unchanged)",
+    )
     max_num_queued_reqs: int | None = arg_field(
         None,
         "the server's bound on sequences waiting or running (a request with n > 1 counts n); past it a "
@@ -337,6 +345,8 @@ class EngineArgs:
             sampling_defaults_from(
                 self.override_generation_config, "override_generation_config (--override-generation-config)"
             )
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
 
     # ---- what the engine runs with ---------------------------------------------------------------------
     def model_spec(self) -> ModelSpec:
@@ -435,6 +445,11 @@ class EngineArgs:
             generation=generation or GenerationDefaults(),
             usage=usage,
             max_logprobs=self.max_logprobs,
+            speculative=(
+                None
+                if self.speculative_config is None
+                else SpeculativeConfig.from_dict(self.speculative_config)
+            ),
         )
 
     def non_default(self) -> dict[str, Any]:

@@ -58,6 +58,9 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # speculative decoding, over all the request's samples: tokens proposed, and accepted of them
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
 
 @dataclass(slots=True)

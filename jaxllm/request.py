@@ -57,6 +57,11 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
+    # Speculative decoding: tokens proposed for the next step (jaxllm/spec_decode/; the scheduler consumes
+    # them), and how many were proposed and accepted over the request's life.
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

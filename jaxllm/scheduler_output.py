@@ -49,6 +49,9 @@ class ScheduledRequest:
     start: int  # the request's num_computed_tokens when scheduled: position of the first new token
     new_block_ids: list[int]  # blocks appended since the runner last saw it ([] for a new request)
     samples: bool = True  # the step reaches the end of the request's tokens: sample one
+    # Speculative decoding: proposed tokens, the last ones of the step's num_new_tokens (after the request's
+    # last known token); the step samples after each of them too and returns those it accepts plus one.
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -50,6 +50,12 @@ class EngineStats:
     # cumulative counts of the persistent compilation cache (runner/compilation_cache.CacheCounts: hits,
     # misses, stores, corrupt, write_errors); read-only, empty without the cache
     compilation_cache: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # speculative decoding (cumulative, vLLM's names): steps of a request that verified proposals, tokens
+    # proposed, tokens accepted, and accepted by position (index j: the (j+1)-th proposal of a step)
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class IterationTokens:

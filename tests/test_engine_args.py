@@ -196,3 +196,44 @@ def test_non_default_lists_what_was_given():
         "dtype": "float32",
     }
     assert {f.name for f in dataclasses.fields(EngineArgs)} == set(ENGINE_ARG_NAMES)
+
+
+def test_speculative_config_takes_vllms_json():
+    from jaxllm.config import SpeculativeConfig
+
+    spec = resolve(
+        CPU, "server", speculative_config={"method": "ngram", "num_speculative_tokens": 3}
+    ).speculative
+    assert spec == SpeculativeConfig("ngram", 3, 5, 5, None)  # both lookup sizes default to 5
+    one = {"num_speculative_tokens": 2, "prompt_lookup_max": 4}
+    assert resolve(CPU, "offline", speculative_config=one).speculative.prompt_lookup_min == 4
+    assert resolve(CPU, "offline").speculative is None
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (
+            {"method": "eagle", "num_speculative_tokens": 2},
+            r"speculative_config.method='eagle': only prompt lookup",
+        ),
+        (
+            {"method": "lookahead", "num_speculative_tokens": 2},
+            r"speculative_config.method='lookahead' must be",
+        ),
+        ({"method": "ngram"}, r"speculative_config.num_speculative_tokens is required"),
+        (
+            {"num_speculative_tokens": 0},
+            r"speculative_config.num_speculative_tokens=0 must be an integer >= 1",
+        ),
+        (
+            {"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            r"prompt_lookup_min=4 must be <=",
+        ),
+        ({"num_speculative_tokens": 2, "model": "x"}, r"speculative_config.model='x': draft models are not"),
+        ({"num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}, r"unknown keys \['draft_tensor"),
+    ],
+)
+def test_bad_speculative_config_names_the_key(value, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(speculative_config=value)

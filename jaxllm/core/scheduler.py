@@ -24,6 +24,15 @@ it as known (one more decode token to schedule, its input read from the previous
 device) unless that token would reach max_tokens or max_model_len; a request that turns out to have
 stopped is dropped when its results arrive, its extra step discarded.
 
+Speculative decoding (jaxllm/spec_decode/): a running request may hold proposed tokens
+(`Request.spec_token_ids`, set by the engine between steps). In a step where every running request is
+decoding and none waits, such a request gets 1 + k tokens (its last token and k proposals, k trimmed to
+the budget, max_tokens and max_model_len) and its ScheduledRequest carries them; proposals are consumed
+(or dropped) by every schedule(). The results then bring 1..k+1 tokens; the proposals' KV past the first
+rejected one is discarded by moving num_computed_tokens back (those slots are written again later).
+Speculation needs the results of the step before (its proposals read them), so such steps are not
+overlapped: the engine schedules them one at a time.
+
 Swap pairs are (device block, host block) in both directions. The runner must copy blocks_to_swap_out
 before the step's forward pass (their device blocks are free again and may be written this step), then
 blocks_to_swap_in.
@@ -73,6 +82,11 @@ class Scheduler:
         self._num_preemptions = 0
         self._prompt_tokens = 0
         self._generation_tokens = 0
+        # speculative decoding: steps that verified proposals, tokens proposed, accepted (also by position)
+        self._spec_drafts = 0
+        self._spec_draft_tokens = 0
+        self._spec_accepted_tokens = 0
+        self._spec_accepted_per_pos: list[int] = []
 
     # -- requests in and out ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -129,6 +143,7 @@ class Scheduler:
 
         # 1. Running requests: decodes (one remaining token) before prompt chunks; sort is stable.
         running = RequestStatus.RUNNING
+        speculate = not self.waiting and not any(_more_than_one_uncomputed(r) for r in self.running)
         for request in sorted(self.running, key=_more_than_one_uncomputed):
             if budget == 0:
                 break
@@ -139,6 +154,8 @@ class Scheduler:
             num_new = min(_num_uncomputed(request), budget)
             if num_new <= 0:
                 continue
+            spec = self._spec_tokens(request, budget) if speculate and request.spec_token_ids else []
+            num_new += len(spec)
             while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
                 victim = self._pick_victim()
                 if victim is request and len(self.running) == 1:
@@ -156,8 +173,11 @@ class Scheduler:
             if request.status != running:
                 continue
             delta = self._delta(request, num_new, [b.block_id for b in new_blocks] if new_blocks else [])
+            delta.spec_token_ids = spec
             scheduled[request.request_id] = (request, delta, None)
             budget -= num_new
+        for request in self.running:  # proposals are for this step only
+            request.spec_token_ids = []
 
         # 2. Waiting requests, unless memory was short this step.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -221,13 +241,17 @@ class Scheduler:
             if request.is_finished:
                 continue  # finished from outside (abort, stop string) or by an earlier result
             new_tokens = runner_out.sampled_token_ids[i]
+            if s.spec_token_ids:
+                self._apply_verification(request, s, len(new_tokens))
             # A request preempted after this step was scheduled still gets its token: the step ran.
             status = None
-            for token in new_tokens:
+            for j, token in enumerate(new_tokens):
                 request.output_token_ids.append(token)
                 self._generation_tokens += 1
                 status = self._check_stop(request, token)
                 if status is not None:
+                    if j + 1 < len(new_tokens):  # accepted tokens past a stop are not output
+                        runner_out.sampled_token_ids[i] = new_tokens[: j + 1]
                     break
             if request.status == RequestStatus.RUNNING:
                 self.kv.cache_blocks(request)
@@ -252,6 +276,10 @@ class Scheduler:
             generation_tokens=self._generation_tokens,
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=self.block_size,
+            spec_decode_num_drafts=self._spec_drafts,
+            spec_decode_num_draft_tokens=self._spec_draft_tokens,
+            spec_decode_num_accepted_tokens=self._spec_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(self._spec_accepted_per_pos),
         )
 
     def kv_memory_report(self) -> KVMemoryReport:
@@ -288,6 +316,37 @@ class Scheduler:
         start = request.num_computed_tokens
         known = request.num_tokens + request.num_output_placeholders
         return ScheduledRequest(request.request_id, num_new, start, new_block_ids, start + num_new >= known)
+
+    def _spec_tokens(self, request: Request, budget: int) -> list[int]:
+        """The request's proposals this step may verify: as many as fit the budget beside its own token,
+        and leave room for the token sampled after the last one (max_tokens, max_model_len)."""
+        if request.num_output_placeholders:  # proposals follow the last token known on the host
+            return []
+        k = min(
+            len(request.spec_token_ids),
+            budget - 1,
+            request.max_tokens - request.num_output_tokens - 1,
+            self.config.max_model_len - request.num_tokens - 1,
+        )
+        return request.spec_token_ids[:k] if k > 0 else []
+
+    def _apply_verification(self, request: Request, s: ScheduledRequest, num_new_tokens: int) -> None:
+        """A step verified `s.spec_token_ids` and returned `num_new_tokens` (the accepted ones and one
+        more): count them, and forget the KV of the rejected ones (computed, but not the request's)."""
+        k = len(s.spec_token_ids)
+        accepted = max(0, num_new_tokens - 1)
+        if request.status == RequestStatus.RUNNING:
+            request.num_computed_tokens -= k - accepted
+        request.spec_num_draft_tokens += k
+        request.spec_num_accepted_tokens += accepted
+        self._spec_drafts += 1
+        self._spec_draft_tokens += k
+        self._spec_accepted_tokens += accepted
+        per_pos = self._spec_accepted_per_pos
+        if len(per_pos) < k:
+            per_pos.extend([0] * (k - len(per_pos)))
+        for j in range(accepted):
+            per_pos[j] += 1
 
     def _new_data(self, request: Request) -> NewRequestData:
         """What the runner needs of a request it does not hold (new, or resumed after a preemption)."""

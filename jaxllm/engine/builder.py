@@ -114,6 +114,14 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
     if config.runner.compile_ahead:
         with tp.context():
             compile_time_s = runner.compile_all()
+        spec = config.speculative
+        if spec is not None:  # the steps that verify proposals: up to every sequence with all of them
+            sched_cfg = config.scheduler
+            most = min(
+                sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs * (1 + spec.num_speculative_tokens)
+            )
+            with tp.context():
+                compile_time_s += runner.compile_verification_ahead(most)
     if config.runner.compile_research:
         with tp.context():
             runner.compile_research_later()

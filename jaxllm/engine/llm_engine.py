@@ -30,6 +30,7 @@ from jaxllm.request import Request, RequestStatus
 from jaxllm.runner import compilation_cache
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.spec_decode.speculator import Speculator
 from jaxllm.stats import EngineStats
 
 logger = logging.getLogger("jaxllm")
@@ -78,6 +79,8 @@ class LLMEngine:
         # Structured outputs' grammars, compiled before a request is scheduled; the runner takes them from
         # the same cache (None: the model has no tokenizer).
         self.grammars = runner.grammar_compiler
+        # Speculative decoding's proposals (--speculative-config; None: off).
+        self.speculator = Speculator(config.speculative) if config.speculative is not None else None
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, usage: str = "offline") -> LLMEngine:
@@ -276,6 +279,8 @@ class LLMEngine:
         timing, clock = self.runner.timing, time.perf_counter
         if self._inflight is None:
             t0 = clock()
+            if self.speculator is not None:  # every result is in: proposals can follow the last tokens
+                self.speculator.propose(self.scheduler.running)
             sched_out = self._schedule()
             t1 = clock()
             with self.tp.context():
@@ -284,7 +289,7 @@ class LLMEngine:
             timing.add("dispatch", clock() - t1)
         current = self._inflight
         self._inflight = None
-        if overlap and current.samples and self._can_overlap():
+        if overlap and current.samples and not current.verifies and self._can_overlap():
             t0 = clock()
             nxt = self._schedule()
             t1 = clock()
@@ -318,7 +323,10 @@ class LLMEngine:
 
     def _can_overlap(self) -> bool:
         """No request needs every earlier token on the host when its next step is built (penalties read
-        the whole history; prompt logprobs need all logits of a chunk)."""
+        the whole history; prompt logprobs need all logits of a chunk; speculation's proposals follow the
+        last token)."""
+        if self.speculator is not None and self.speculator.speculating(self.scheduler.running):
+            return False
         for r in itertools.chain(self.scheduler.running, self.scheduler.waiting):
             p = r.sampling_params
             if p.uses_penalties or p.prompt_logprobs is not None:
@@ -333,10 +341,11 @@ class LLMEngine:
         for rid, caps in runner_out.captures.items():
             if rid in op.child_to_parent:
                 op.on_captures(rid, caps)
+        updated = self.scheduler.update_from_output(sched_out, runner_out)
+        # after the update: it drops accepted proposals past a stop from the runner's lists
         new_tokens = {
             rid: toks for rid, toks in zip(runner_out.req_ids, runner_out.sampled_token_ids) if toks
         }
-        updated = self.scheduler.update_from_output(sched_out, runner_out)
         touched: dict[str, ParentState] = {}
         stopped: list[tuple[Request, str]] = []
         for req in updated:

@@ -20,6 +20,7 @@ whole: per step, a DELTA or FINAL_ONLY request costs its new tokens, not its who
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -119,6 +120,10 @@ class OutputProcessor:
             if parent.metrics.first_token_time is None:
                 parent.metrics.first_token_time = now
             parent.metrics.last_token_time = now
+        if req.spec_num_draft_tokens:
+            m = parent.metrics
+            m.spec_num_draft_tokens = sum(c.request.spec_num_draft_tokens for c in parent.children)
+            m.spec_num_accepted_tokens = sum(c.request.spec_num_accepted_tokens for c in parent.children)
         params = req.sampling_params
         if lp is not None and params.logprobs is not None:
             if child.logprobs is None:
@@ -226,9 +231,7 @@ class OutputProcessor:
             finished,
             parent.prompt_logprobs if first or kind is not _DELTA else None,
             max(0, parent.children[0].request.num_cached_tokens),
-            RequestMetrics(
-                m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time, m.finished_time
-            ),
+            dataclasses.replace(m),
         )
 
     @staticmethod

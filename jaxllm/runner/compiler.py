@@ -14,6 +14,10 @@ that needs one first waits for its compile instead of compiling it again. Execut
 the executable cache (executable_cache.py), so a warm start loads them without tracing. Prompt logprobs
 use a separate all-rows logits variant, compiled through jit on first use.
 
+With speculative decoding (`compile_verification_ahead`), steps that verify proposals need the logits of
+every row and a sampler over all of them: each bucket up to the largest such step gets its all-rows model
+step and the sampler variants needed at start over its T rows, compiled before ready as well.
+
 With research compiled ahead (`compile_research_later`, the server's --enable-research-api), each bucket's
 model step is also traced before ready with the smallest research inputs (runner/research_batch.py's
 floors: the captures and edits of a batch of decoding requests) and compiled in the background like the
@@ -38,7 +42,7 @@ from jaxllm.runner.executable_cache import ExecutableCache, describe_args
 from jaxllm.runner.input_batch import packed_size
 from jaxllm.runner.kv_cache import KVGeometry
 from jaxllm.runner.research_batch import research_dims
-from jaxllm.runner.sampler import compute_prompt_logprobs
+from jaxllm.runner.sampler import compute_prompt_logprobs, sample
 from jaxllm.runner.sampling_metadata import MAX_LOGPROBS, SamplerFlags, build_sampling_metadata
 from jaxllm.runner.xla_options import STEP_TIERS, step_tier, tier_options
 
@@ -80,6 +84,10 @@ class StepCompiler:
         self.model_steps = {tier: step_jit(compiler_options=tier_options(tier)) for tier in STEP_TIERS}
         self.sample_jit = jax.jit(sample_fn, static_argnames=("flags",))
         self.prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
+        # The sampler over every row of a step (speculative decoding's verification): no padded ids.
+        self.sample_rows_jit = jax.jit(sample, static_argnames=("flags",))
+        self.ahead_all_logits: dict = {}  # bucket shape -> model step executable (logits of every row)
+        self.ahead_sample_rows: dict = {}  # (T, flags) -> sample_rows executable
         self.ahead_model: dict = {}  # bucket shape -> model step executable (logits of the sampled rows)
         self.ahead_sample: dict = {}  # (S, flags) -> sampler executable
         self.pending_sample: dict = {}  # (S, flags) -> Future of a variant compiling in the background
@@ -95,6 +103,11 @@ class StepCompiler:
         """Run the sampler variant `flags`: its executable (waited for while it compiles), else jit."""
         ahead = _ready_or_waited(self.ahead_sample, self.pending_sample, (logits.shape[0], flags))
         return ahead(logits, smd) if ahead is not None else self.sample_jit(logits, smd, flags=flags)
+
+    def sample_rows(self, logits, smd, flags: SamplerFlags):
+        """The sampler over every row of `logits` (f32[T, V]) -> SamplerOutput (token_ids i32[T])."""
+        ahead = self.ahead_sample_rows.get((logits.shape[0], flags))
+        return ahead(logits, smd) if ahead is not None else self.sample_rows_jit(logits, smd, flags=flags)
 
     def research_step(self, shape, dims: tuple[int, ...], research_logits: bool):
         """The model step with research of these slot sizes, compiled ahead (waited for while it compiles),
@@ -194,6 +207,47 @@ class StepCompiler:
             self.ahead_sample = {key: f.result() for key, f in samplers.items()}
         self._compile_in_background(todo, max(1, min(4, workers // 2)))
 
+    def compile_verification_ahead(
+        self, params, kv_caches, max_tokens: int, workers: int | None = None
+    ) -> float:
+        """The all-rows model step of every bucket of at most `max_tokens` tokens (rounded up to a bucket)
+        and the sampler variants needed at start over its rows: what steps that verify proposals run.
+        Seconds taken."""
+        t0 = time.perf_counter()
+        top = next((t for t in self.plan.token_buckets if t >= max_tokens), self.plan.token_buckets[-1])
+        shapes = [shape for shape in self.plan.all_shapes() if shape[0] <= top]
+        sds = jax.ShapeDtypeStruct
+        prev = sds((self.ids_width,), jnp.int32)
+        flags_at_start = [f for f in SamplerFlags.all_variants(MAX_LOGPROBS) if f.needed_at_start]
+
+        def model(shape):
+            packed = sds((packed_size(*shape),), jnp.int32)
+            return self._compile_model_step(shape, (params, kv_caches, packed, prev), all_logits=True)
+
+        def sampler(logits, flags):
+            smd = jax.tree.map(
+                lambda x: sds(x.shape, x.dtype), self.empty_sampling_metadata(logits.shape[0], flags)
+            )
+            desc = f"sample_rows flags={flags} args={describe_args((logits, smd))}"
+            return self.executables.get_or_compile(
+                desc, lambda: self.sample_rows_jit.lower(logits, smd, flags=flags).compile()
+            )
+
+        with ThreadPoolExecutor(
+            workers or min(32, os.cpu_count() or 4), thread_name_prefix="jaxllm-compile"
+        ) as pool:
+            models = {shape: pool.submit(model, shape) for shape in shapes}
+            samplers = {}
+            for shape, fut in models.items():
+                info = fut.result().out_info[0]  # f32[T, V]
+                for flags in flags_at_start:
+                    key = (shape[0], flags)
+                    if key not in samplers:
+                        samplers[key] = pool.submit(sampler, sds(info.shape, info.dtype), flags)
+            self.ahead_all_logits.update({shape: f.result() for shape, f in models.items()})
+            self.ahead_sample_rows.update({key: f.result() for key, f in samplers.items()})
+        return time.perf_counter() - t0
+
     def compile_research_later(self, params, kv_caches, research_inputs: Callable[[int], object]) -> None:
         """Trace each bucket's model step with research (`research_inputs(T)`: the smallest ResearchInputs
         of a T-token step) now, and compile them on background threads (research_step waits for one still
@@ -266,15 +320,15 @@ class StepCompiler:
             if not fut.cancelled():
                 fut.exception()  # waits; a failure is left to jit at first use
 
-    def _compile_model_step(self, shape, args):
+    def _compile_model_step(self, shape, args, all_logits: bool = False):
         """The model step of bucket `shape` for these (abstract) arguments, compiled or loaded from the
         executable cache."""
         tier = step_tier(shape[0])
         desc = (
-            f"model_step shape={shape} all_logits=False tier={tier} options={tier_options(tier)} "
+            f"model_step shape={shape} all_logits={all_logits} tier={tier} options={tier_options(tier)} "
             f"module={self.module!r} args={describe_args(args)}"
         )
-        compile_fn = lambda: self.step_jit(shape).lower(*args, shape=shape, all_logits=False).compile()  # noqa: E731
+        compile_fn = lambda: self.step_jit(shape).lower(*args, shape=shape, all_logits=all_logits).compile()  # noqa: E731
         return self.executables.get_or_compile(desc, compile_fn)
 
     def _sampler_description(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags) -> str:
@@ -307,8 +361,11 @@ class StepCompiler:
         return len(self.pending_sample) + len(self.pending_research)
 
     def num_compiled(self) -> int:
-        jitted = sum(jit_cache_size(f) for f in (self.sample_jit, self.prompt_logprobs))
-        ahead = len(self.ahead_model) + len(self.ahead_sample) + len(self.ahead_research)
+        jitted = sum(jit_cache_size(f) for f in (self.sample_jit, self.prompt_logprobs, self.sample_rows_jit))
+        ahead = (
+            len(self.ahead_model) + len(self.ahead_sample) + len(self.ahead_research)
+            + len(self.ahead_all_logits) + len(self.ahead_sample_rows)
+        )  # fmt: skip
         return jitted + self.model_step_traces() + ahead
 
     def model_step_traces(self) -> int:

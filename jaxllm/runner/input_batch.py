@@ -138,7 +138,17 @@ def build_step_inputs(
                 src_rows.append(row)
                 src_vals.append(src)
         else:
-            input_ids[row : row + n] = st.token_ids_slice(start, start + n)
+            spec = sr.spec_token_ids
+            if spec:  # the request's last token(s), then the proposals (speculative decoding)
+                known = start + n - len(spec)
+                if known != st.num_tokens:
+                    raise ValueError(
+                        f"request {sr.req_id!r}: {len(spec)} proposals after token {known}, but the runner "
+                        f"knows {st.num_tokens} tokens"
+                    )
+                input_ids[row : row + n] = st.token_ids_slice(start, known) + spec
+            else:
+                input_ids[row : row + n] = st.token_ids_slice(start, start + n)
             pos = np.arange(start, start + n, dtype=np.int32)
             positions[row : row + n] = pos
             slot_mapping[row : row + n] = block_tables[i, pos // block_size] * block_size + pos % block_size

@@ -22,6 +22,12 @@ thread reads the token back, fills the masks and enqueues the sampler, while the
 previous step and schedules the next (filling the masks in line kept the step thread from both, one
 fill per step on the engine's critical path). The next dispatch waits for that thread first.
 
+Speculative decoding: a step whose scheduled requests carry proposed tokens (ScheduledRequest.
+spec_token_ids) computes the logits of every row and samples at each of a request's last k + 1 rows, the
+j-th with the key of its token number len(output) + j; collect keeps the samples up to the first that
+differs from its proposal (jaxllm/spec_decode/verify.py). Such a step is never dispatched behind one in
+flight: its proposals were made from that step's tokens.
+
 Which executable runs each bucket and sampler variant, and compiling them ahead, is compiler.py's.
 """
 
@@ -58,6 +64,7 @@ from jaxllm.runner.sampling_metadata import (
 )
 from jaxllm.runner_output import ModelRunnerOutput, TokenLogprobs
 from jaxllm.scheduler_output import ScheduledRequest, SchedulerOutput
+from jaxllm.spec_decode.verify import accepted_tokens
 from jaxllm.structured_output.token_constraint import TokenConstraint
 
 __all__ = ["MAX_LOGPROBS", "InFlightStep", "ModelRunner", "StepTiming"]
@@ -78,6 +85,14 @@ class InFlightStep:
     token_rules: Future | None = None
     research: ResearchBatch | None = None  # what the step captures for whom (runner/research_batch.py)
     captures: tuple | None = None  # its device arrays: ([C + 1, R, H], f32[R, V] | None)
+    # A step that verifies proposals: each scheduled request's first sampler row (-1: samples nothing);
+    # its k + 1 draws follow in order. None: row i of the sampler is request i's single draw.
+    verify_rows: list[int] | None = None
+
+    @property
+    def verifies(self) -> bool:
+        """Whether the step verifies proposals (a step after it needs its results on the host first)."""
+        return self.verify_rows is not None
 
     @property
     def samples(self) -> bool:
@@ -259,6 +274,13 @@ class ModelRunner:
             workers=workers,
         )
 
+    def compile_verification_ahead(self, max_tokens: int) -> float:
+        """The variants of steps that verify proposals, up to `max_tokens` tokens (compiler.py); seconds.
+        Under tensor parallelism they compile through jit at first use, as the research steps do."""
+        if self.kv_sharding is not None:
+            return 0.0
+        return self.compiler.compile_verification_ahead(self.params, self.kv_caches, max_tokens)
+
     def compile_research_later(self) -> None:
         """Each bucket's model step with the smallest research inputs, traced now and compiled in the
         background (compiler.py): research requests then start without a compile. Not under tensor
@@ -319,7 +341,9 @@ class ModelRunner:
                 research_logits=research.logits,
             )
             return logits, captures
-        ahead = None if all_logits else self.compiler.ahead_model.get(inputs.shape)
+        ahead = (self.compiler.ahead_all_logits if all_logits else self.compiler.ahead_model).get(
+            inputs.shape
+        )
         if ahead is not None:
             logits, self.kv_caches = ahead(*args)
         else:
@@ -344,7 +368,13 @@ class ModelRunner:
         out = ModelRunnerOutput(req_ids=[sr.req_id for sr in scheduled])
         if not scheduled:
             return InFlightStep(sched, out)
+        verify = any(sr.spec_token_ids for sr in scheduled)
         if prev is not None:
+            if verify or prev.verifies:
+                raise ValueError(
+                    "a step that verifies proposals, or follows one, needs the previous step's results on "
+                    "the host: schedule it after collecting that step"
+                )
             prev.wait_dispatched()  # its token rules (another thread) are done with the states
         inputs = build_step_inputs(
             scheduled, states, self.plan, self.block_size, prev.rows if prev is not None else None
@@ -359,7 +389,7 @@ class ModelRunner:
             )
         logits = self._run_model(
             inputs,
-            all_logits=want_prompt_lp,
+            all_logits=want_prompt_lp or verify,
             prev_ids=prev.ids if prev is not None else None,
             research=research,
         )
@@ -367,9 +397,13 @@ class ModelRunner:
         if research is not None:
             logits, captures = logits
         if want_prompt_lp:
-            all_logits = logits
-            logits = all_logits[jnp.asarray(inputs.logits_indices)]
-            self._collect_prompt_logprobs(scheduled, states, inputs, all_logits, out)
+            self._collect_prompt_logprobs(scheduled, states, inputs, logits, out)
+        if verify:
+            step = InFlightStep(sched, out, states, research=research, captures=captures)
+            self._dispatch_verification(step, inputs, logits)
+            return step
+        if want_prompt_lp:
+            logits = logits[jnp.asarray(inputs.logits_indices)]
 
         # The forward pass is in flight: build the sampler's inputs meanwhile. A row's token k counts the
         # row's earlier tokens still in flight (async scheduling: the previous step's).
@@ -416,6 +450,36 @@ class ModelRunner:
         )
         return step
 
+    def _dispatch_verification(self, step: InFlightStep, inputs: StepInputs, all_logits) -> None:
+        """Enqueue the sampler over every row of a step with proposals: request i samples at its last
+        k_i + 1 rows (its own token's, then each proposal's), draw j as its token number len(output) + j."""
+        num_tokens = inputs.num_tokens
+        rows: list = [None] * num_tokens
+        pending = [0] * num_tokens
+        first = []
+        for i, (sr, st) in enumerate(zip(step.sched.scheduled, step.states)):
+            if not sr.samples:
+                first.append(-1)
+                continue
+            k = len(sr.spec_token_ids)
+            r0 = int(inputs.cu_q_lens[i + 1]) - 1 - k
+            for j in range(k + 1):
+                rows[r0 + j] = st.sampling
+                pending[r0 + j] = j
+            st.num_in_flight += 1
+            first.append(r0)
+        flags = SamplerFlags.for_rows(rows, MAX_LOGPROBS, self.vocab_size)
+        smd = build_sampling_metadata(
+            rows,
+            inputs.shape[0],
+            self.vocab_size,
+            history_width=self.history_width,
+            flags=flags,
+            pending=pending,
+        )
+        step.sampled = self.compiler.sample_rows(all_logits, smd, flags)
+        step.verify_rows = first
+
     def _token_rules_thread(self) -> ThreadPoolExecutor:
         if self._token_rules_pool is None:
             self._token_rules_pool = ThreadPoolExecutor(1, thread_name_prefix="jaxllm-token-rules")
@@ -448,21 +512,27 @@ class ModelRunner:
         self.timing.wait_s += time.perf_counter() - t_wait
         ids = np.asarray(result.token_ids).tolist()
         sampled_token_ids = out.sampled_token_ids
+        verify_rows = step.verify_rows
         for i, (sr, st) in enumerate(zip(step.sched.scheduled, step.states)):
             if not sr.samples:
                 sampled_token_ids.append([])
                 continue
-            token = ids[i]
-            sampled_token_ids.append([token])
+            if verify_rows is None:
+                r0, tokens = i, [ids[i]]
+            else:
+                r0, k = verify_rows[i], len(sr.spec_token_ids)
+                tokens = accepted_tokens(sr.spec_token_ids, ids[r0 : r0 + k + 1]) if k else [ids[r0]]
+            sampled_token_ids.append(tokens)
             # A state dropped meanwhile (finished, preempted) is no longer reachable: appending is harmless.
-            st.output_token_ids.append(token)
+            st.output_token_ids.extend(tokens)
             st.num_in_flight -= 1
             n = st.sampling.params.logprobs
             if n is not None and result.logprob_ids is not None:
+                at = slice(r0, r0 + len(tokens))
                 out.logprobs[sr.req_id] = TokenLogprobs(
-                    token_ids=np.asarray(result.logprob_ids[i : i + 1, : n + 1]),
-                    logprobs=np.asarray(result.logprobs[i : i + 1, : n + 1]),
-                    ranks=np.asarray(result.ranks[i : i + 1, : n + 1]),
+                    token_ids=np.asarray(result.logprob_ids[at, : n + 1]),
+                    logprobs=np.asarray(result.logprobs[at, : n + 1]),
+                    ranks=np.asarray(result.ranks[at, : n + 1]),
                 )
         return out
 

@@ -160,6 +160,29 @@ class _EngineStatsCollector:
         for event, key in _CACHE_EVENTS.items():
             xla.add_metric([self.model_name, event], s.compilation_cache.get(key, 0))
         yield xla
+        yield counter(
+            "spec_decode_num_drafts",
+            "Speculative decoding: steps of a request that verified proposed tokens.",
+            s.spec_decode_num_drafts,
+        )
+        yield counter(
+            "spec_decode_num_draft_tokens",
+            "Speculative decoding: tokens proposed.",
+            s.spec_decode_num_draft_tokens,
+        )
+        yield counter(
+            "spec_decode_num_accepted_tokens",
+            "Speculative decoding: proposed tokens accepted.",
+            s.spec_decode_num_accepted_tokens,
+        )
+        per_pos = CounterMetricFamily(
+            "jaxllm:spec_decode_num_accepted_tokens_per_pos",
+            "Speculative decoding: proposed tokens accepted, by position in the step's proposals (0: first).",
+            labels=["model_name", "position"],
+        )
+        for position, accepted in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+            per_pos.add_metric([self.model_name, str(position)], accepted)
+        yield per_pos
         yield _iteration_histogram(s.iteration_tokens_buckets, s.iteration_tokens_sum, self.model_name)
         yield _cache_config_info(getattr(self.engine, "startup_info", {}), self.model_name)
 
@@ -260,6 +283,10 @@ class ServerMetrics:
         self.max_generation_tokens = histogram(
             "request_max_num_generation_tokens",
             "Histogram of maximum number of requested generation tokens (the longest sample of a request).",
+        )
+        self.spec_acceptance = histogram(
+            "request_spec_decode_acceptance_rate",
+            "Per request that had tokens proposed (speculative decoding): the share of them accepted.",
         )
         self.params_n = histogram("request_params_n", "Histogram of the n request parameter.")
         self.params_max_tokens = histogram(
@@ -387,6 +414,8 @@ class RequestTracker:
         if self.max_tokens:
             m.params_max_tokens.observe(self.max_tokens)
         mt = ro.metrics
+        if mt is not None and mt.spec_num_draft_tokens:
+            m.spec_acceptance.observe(mt.spec_num_accepted_tokens / mt.spec_num_draft_tokens)
         if mt is None or None in (mt.first_scheduled_time, mt.first_token_time, mt.last_token_time):
             return  # no token came (the engine's times are what the phases are made of)
         decode = mt.last_token_time - mt.first_token_time

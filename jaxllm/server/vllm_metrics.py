@@ -40,6 +40,7 @@ VLLM_REQUEST_LATENCY_BUCKETS = (
     960.0, 1920.0, 7680.0,
 )  # fmt: skip
 VLLM_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+SPEC_ACCEPTANCE_RATE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 # Older dashboards (vLLM <= 0.10) read the inter-token latency under its earlier name; vLLM 0.11 exported
 # both, observed alike. The alias exists under `vllm:` only.
@@ -75,6 +76,8 @@ def vllm_histogram_bounds(max_model_len: int) -> dict[str, tuple[float, ...]]:
         "request_params_max_tokens": tokens,
         "request_params_n": VLLM_PARAMS_N_BUCKETS,
         "iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
+        # jaxllm's own (vLLM has no per-request acceptance histogram): its twin keeps every bound
+        "request_spec_decode_acceptance_rate": SPEC_ACCEPTANCE_RATE_BUCKETS,
     }
 
 

@@ -78,18 +78,26 @@ class FakeRunner:
         for s, st in zip(out.scheduled, states):
             assert 0 not in st.block_ids, "block 0 is the null block"
             assert len(st.block_ids) * bs >= s.start + s.num_new_tokens
+            # speculative decoding: the proposals follow the known tokens (their KV is written too)
+            inputs = st.tokens + list(s.spec_token_ids)
+            assert len(inputs) == s.start + s.num_new_tokens or not s.spec_token_ids, s.req_id
             for p in range(s.start, s.start + s.num_new_tokens):
-                self.device[st.block_ids[p // bs]][p % bs] = st.tokens[p]
+                self.device[st.block_ids[p // bs]][p % bs] = inputs[p]
         for s, st in zip(out.scheduled, states):  # after all writes, as attention reads them
             end = s.start + s.num_new_tokens
             ctx = [self.device[st.block_ids[p // bs]][p % bs] for p in range(end)]
-            assert ctx == st.tokens[:end], f"KV of {s.req_id} is corrupt"
+            assert ctx == (st.tokens + list(s.spec_token_ids))[:end], f"KV of {s.req_id} is corrupt"
         sampled = []
         for s, st in zip(out.scheduled, states):
             if s.samples:
-                token = self.token_fn(s.req_id, len(st.tokens))
-                st.tokens.append(token)
-                sampled.append([token])
+                # the token after each known prefix; a proposal is accepted when it is that token
+                new = [self.token_fn(s.req_id, len(st.tokens))]
+                for d in s.spec_token_ids:
+                    if new[-1] != d:
+                        break
+                    new.append(self.token_fn(s.req_id, len(st.tokens) + len(new)))
+                st.tokens.extend(new)
+                sampled.append(new)
             else:
                 sampled.append([])
         return ModelRunnerOutput(req_ids=[s.req_id for s in out.scheduled], sampled_token_ids=sampled)

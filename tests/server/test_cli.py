@@ -66,6 +66,10 @@ ENGINE_FLAGS = {
     "enable_chunked_prefill": (["--no-enable-chunked-prefill"], False),
     "scheduling_policy": (["--scheduling-policy", "priority"], "priority"),
     "async_scheduling": (["--no-async-scheduling"], False),
+    "speculative_config": (
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+        {"method": "ngram", "num_speculative_tokens": 3},
+    ),
     "max_num_queued_reqs": (["--max-num-queued-reqs", "100"], 100),
     "tensor_parallel_size": (["-tp", "2"], 2),
     "pipeline_parallel_size": (["-pp", "1"], 1),

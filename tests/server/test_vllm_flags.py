@@ -55,6 +55,7 @@ def sample_argv(flag: str, tmp_path: Path) -> list[str]:
         "--ssl-certfile": ["--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"],
         "--tool-call-parser": ["--tool-call-parser", "hermes"],
         "--enable-auto-tool-choice": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+        "--speculative-config": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
     }
     if flag in special:
         return special[flag]

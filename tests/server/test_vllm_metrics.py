@@ -36,6 +36,8 @@ VLLM_BOUNDS = {
     "request_decode_time_seconds": VLLM_REQUEST,
     "request_params_n": [1, 2, 5, 10, 20],
     "iteration_tokens_total": VLLM_ITERATION,
+    # jaxllm's own (vLLM has none): the twin keeps every bound
+    "request_spec_decode_acceptance_rate": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
 }
 TOKEN_HISTOGRAMS = [
     "request_prompt_tokens",
@@ -225,7 +227,11 @@ def real_http():
     from jaxllm.server.app import build_app
     from tests.server.conftest import LiveServer
 
-    engine = AsyncLLMEngine.from_engine_args(EngineArgs(max_model_len=512, max_num_seqs=8))
+    # With speculative decoding: the per-request histograms must count the same with it
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+    engine = AsyncLLMEngine.from_engine_args(
+        EngineArgs(max_model_len=512, max_num_seqs=8, speculative_config=spec)
+    )
     with (
         LiveServer(build_app(engine, disconnect_poll_s=0.05)) as s,
         httpx.Client(base_url=s.url, timeout=600) as c,
@@ -243,6 +249,37 @@ def test_vllm_metrics_on_the_embedded_model(real_http):
     (info,) = [dict(ls) for (n, ls), _ in got.items() if n == "vllm:cache_config_info"]
     assert info["block_size"] == "16" and info["engine"] == "0" and int(info["num_gpu_blocks"]) > 0
     assert value(got, "vllm:num_requests_running") == 0 and value(got, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_speculative_decoding_counters(real_http):
+    """A request that copies its prompt: proposals made and accepted are counted (the engine's counters,
+    by position too), its acceptance rate lands in the per-request histogram, and vLLM's twins agree."""
+    before = samples(real_http.get("/metrics").text)
+    passage = "the old stone bridge crosses the river at the end of the long road to the village"
+    body = {
+        "messages": [{"role": "user", "content": f"Repeat this exactly: {passage}. Repeat: {passage}."}],
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    assert real_http.post("/v1/chat/completions", json=body).status_code == 200
+    got = samples(real_http.get("/metrics").text)
+
+    def delta(name: str, **labels) -> float:
+        return value(got, name, **labels) - value(before, name, **labels)
+
+    drafts = delta("jaxllm:spec_decode_num_draft_tokens_total")
+    accepted = delta("jaxllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0 and 0 < accepted <= drafts
+    assert delta("jaxllm:spec_decode_num_drafts_total") > 0
+    assert value(got, "jaxllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") >= value(
+        got, "jaxllm:spec_decode_num_accepted_tokens_per_pos_total", position="1"
+    )
+    assert delta("jaxllm:request_spec_decode_acceptance_rate_count") == 1
+    rate = delta("jaxllm:request_spec_decode_acceptance_rate_sum")
+    assert rate == pytest.approx(accepted / drafts, abs=1e-6)  # the one request's own share
+    assert value(got, "vllm:spec_decode_num_accepted_tokens_total", engine="0") == value(
+        got, "jaxllm:spec_decode_num_accepted_tokens_total"
+    )
 
 
 def _documented_series() -> tuple[set[str], set[str]]:

@@ -1,0 +1,89 @@
+"""Which running requests get proposals before a step, and when speculation stops paying for a request.
+
+The engine calls `propose(running)` before each schedule() whose previous step's results are all in:
+every eligible request that is decoding gets the n-gram proposals of its tokens (ngram.py) as
+`Request.spec_token_ids`, which the scheduler verifies in the step.
+
+Eligible: requests whose next-token distribution depends only on the prefix, so that one forward pass
+gives it at every proposed position: no penalties (they read the whole history), no token rules (a
+grammar or bad words would have to advance through each proposal), no research (captures and edits are
+per step). Others decode one token per step in the same batches.
+
+Switching itself off: a step that verifies proposals cannot be scheduled while the step before it runs
+(its proposals read that step's tokens), so speculation costs the overlap of host and device work, and
+a verified proposal costs a position of the forward pass. A request that, after SWITCH_OFF_AFTER
+decoding steps, gained fewer than MIN_GAIN_PER_STEP accepted tokens per step (text without repeats, where
+prompt lookup finds nothing or guesses wrong) gets no more proposals; once no running request is
+eligible, the engine overlaps steps again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from jaxllm.config import SpeculativeConfig
+from jaxllm.request import Request
+from jaxllm.spec_decode.ngram import TokenHistory, propose_ngram
+
+SWITCH_OFF_AFTER = 16  # decoding steps a request speculates before its gain is judged
+MIN_GAIN_PER_STEP = 0.25  # accepted tokens per decoding step below which it stops
+
+
+def eligible(request: Request) -> bool:
+    p = request.sampling_params
+    return not p.uses_penalties and not p.constrains_tokens and p.research is None
+
+
+class _RequestSpeculation:
+    __slots__ = ("history", "steps", "on")
+
+    def __init__(self) -> None:
+        self.history = TokenHistory()
+        self.steps = 0  # decoding steps since it became eligible
+        self.on = True
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self._states: dict[str, _RequestSpeculation] = {}
+
+    def speculating(self, requests: Iterable[Request]) -> bool:
+        """Whether any of the requests would get proposals (the engine then schedules one step at a time)."""
+        states = self._states
+        for r in requests:
+            if eligible(r):
+                st = states.get(r.request_id)
+                if st is None or st.on:
+                    return True
+        return False
+
+    def propose(self, running: list[Request]) -> int:
+        """Set the proposals of each eligible decoding request (none while `disable_by_batch_size` or more
+        run); returns how many requests got some. States of requests no longer running are dropped."""
+        cfg = self.config
+        old, states = self._states, {}
+        self._states = states
+        limit = cfg.disable_by_batch_size
+        if limit is not None and len(running) >= limit:
+            return 0
+        n = 0
+        for r in running:
+            if not eligible(r):
+                continue
+            st = states[r.request_id] = old.get(r.request_id) or _RequestSpeculation()
+            if not st.on or r.num_output_placeholders or not r.output_token_ids:
+                continue
+            if r.num_tokens - r.num_computed_tokens != 1:  # not decoding (a prompt chunk is left)
+                continue
+            st.steps += 1
+            judged = st.steps - 1  # steps whose results are in
+            if judged >= SWITCH_OFF_AFTER and r.spec_num_accepted_tokens < MIN_GAIN_PER_STEP * judged:
+                st.on = False
+                continue
+            tokens = st.history.sync(r.prompt_token_ids, r.output_token_ids)
+            r.spec_token_ids = propose_ngram(
+                tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
+            )
+            n += bool(r.spec_token_ids)
+        return n
