@@ -202,8 +202,8 @@ def roofline_for(
     in_lens = [t.prompt_len or r.input_len for t, r in zip(timings, requests, strict=True)]
     cached = None
     if all(isinstance(r.prompt, list) for r in requests):
-        lead = [primer.prompt] if primer is not None else []
-        cached = cached_prefix_lens(lead + [r.prompt for r in requests])[len(lead) :]
+        primers = [primer.prompt] if primer is not None else []
+        cached = cached_prefix_lens([r.prompt for r in requests], primers)
     bound = offline_bound(
         shape,
         in_lens,

@@ -330,9 +330,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run["output_lens"],
             min(run["max_num_seqs"], len(requests)),
             hw,
-            cached_lens=cached_prefix_lens(([primer.prompt] if primer else []) + run["prompts"])[
-                1 if primer else 0 :
-            ],
+            cached_lens=cached_prefix_lens(run["prompts"], [primer.prompt] if primer else []),
         )
         line = roofline_line(bound, run["elapsed_s"])
         roof = {**bound.to_dict(), "achieved_share": bound.seconds / run["elapsed_s"], "line": line}

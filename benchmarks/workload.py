@@ -148,18 +148,25 @@ def chat_requests(
     ]
 
 
-def cached_prefix_lens(prompts: list[list[int]]) -> list[int]:
-    """Per prompt, the most of it a prefix cache could supply (in the same order): sorted, each prompt
-    shares its longest prefix with another one with a neighbour, and the first of each group of prompts
-    with a common prefix computes it. At least one token of each prompt is computed (its logits)."""
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))  # i64[mismatches]
+    return int(diff[0]) if diff.size else n
+
+
+def cached_prefix_lens(prompts: list[list[int]], primers: list[list[int]] = ()) -> list[int]:
+    """Per prompt, the most of it a prefix cache could supply (in the same order), when `primers` were
+    served before and every prefix is computed once: the longest prefix it shares with a primer or with
+    a prompt before it in sorted order (sorted, that is its predecessor). At least its last token is
+    computed (its logits)."""
     order = sorted(range(len(prompts)), key=lambda i: prompts[i])
     out = [0] * len(prompts)
-    for prev, cur in zip(order, order[1:], strict=False):
-        a, b = prompts[prev], prompts[cur]
-        n = min(len(a), len(b))
-        diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))  # i64[mismatches]
-        common = int(diff[0]) if diff.size else n
-        out[cur] = min(common, len(b) - 1)
+    for k, cur in enumerate(order):
+        p = prompts[cur]
+        shared = [common_prefix(p, q) for q in primers]
+        if k > 0:
+            shared.append(common_prefix(prompts[order[k - 1]], p))
+        out[cur] = min(max(shared, default=0), len(p) - 1)
     return out
 
 
