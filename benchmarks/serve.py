@@ -2,7 +2,8 @@
 
     [--launch "jaxllm serve ..." -> wait for /health]
     requests (--workload random | shared-prefix | chat token ids, workload.py; or --dataset) --arrivals: Poisson at --request-rate (inf: all at once),
-        at most --max-concurrency in flight--> streaming POST /v1/completions (ignore_eos, include_usage)
+        at most --max-concurrency in flight--> streaming POST /v1/completions (ignore_eos, include_usage;
+        serve_client.py)
         --per request: TTFT, ITL gaps, E2E latency, token counts--> serving_metrics (+ goodput)
         --offline_bound on the same lengths, on the server's card (its log's "device:" line, else
         nvidia-smi's; none for a card without peaks)--> roofline line
