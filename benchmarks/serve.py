@@ -1,8 +1,9 @@
 """Online benchmark for any OpenAI-compatible server, with vLLM benchmark_serving's metrics.
 
     [--launch "jaxllm serve ..." -> wait for /health]
-    requests (--workload random | shared-prefix | chat token ids, workload.py; or --dataset) --arrivals: Poisson at --request-rate (inf: all at once),
-        at most --max-concurrency in flight--> streaming POST /v1/completions (ignore_eos, include_usage;
+    requests (--workload random | shared-prefix | chat token ids, workload.py; or --dataset)
+        --arrivals: Poisson at --request-rate (inf: all at once), at most --max-concurrency in flight-->
+        streaming POST /v1/completions (ignore_eos, include_usage;
         serve_client.py)
         --per request: TTFT, ITL gaps, E2E latency, token counts--> serving_metrics (+ goodput)
         --offline_bound on the same lengths, on the server's card (its log's "device:" line, else
