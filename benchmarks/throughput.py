@@ -336,7 +336,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         roof = {**bound.to_dict(), "achieved_share": bound.seconds / run["elapsed_s"], "line": line}
 
     model_name = args.model or "embedded"
-    name = args.name or f"{Path(model_name).name}-{len(requests)}x{args.input_len}x{args.output_len}"
+    kind = "" if args.workload == "random" else f"-{args.workload}"
+    name = args.name or f"{Path(model_name).name}{kind}-{len(requests)}x{args.input_len}x{args.output_len}"
     result = make_result(
         "throughput", name, args.model, vars(args), res, roof, device=device, startup=startup, peer=peer
     )
