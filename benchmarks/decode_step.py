@@ -24,7 +24,7 @@ from benchmarks.roofline import (
     HARDWARE_CHOICES,
     decode_step_bytes,
     decode_step_seconds,
-    hardware_for_device,
+    kernel_hardware,
     shape_for_model,
 )
 from benchmarks.workload import make_result, save_result
@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
     runner = llm.llm_engine.runner
     randomize_kv(runner)
     shape = shape_for_model(args.model, args.dtype)
-    hw = hardware_for_device(args.hardware)
+    hw = kernel_hardware(args.hardware)
     rows = []
     for c in contexts:
         for b in batches:

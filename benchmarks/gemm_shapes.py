@@ -22,7 +22,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks.roofline import HARDWARE_CHOICES, hardware_for_device
+from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
 
 
@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
-    arch, hw = arch_for_model(args.model), hardware_for_device(args.hardware)
+    arch, hw = arch_for_model(args.model), kernel_hardware(args.hardware)
     rows = []
     for m in (int(t) for t in args.tokens.split(",")):
         for name, (k, widths) in groups(arch).items():

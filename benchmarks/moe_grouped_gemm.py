@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.roofline import HARDWARE_CHOICES, dtype_bytes, hardware_for_device
+from benchmarks.roofline import HARDWARE_CHOICES, dtype_bytes, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
 from jaxllm.layers.moe import moe_experts
 
@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
-    arch, hw = arch_for_model(args.model), hardware_for_device(args.hardware)
+    arch, hw = arch_for_model(args.model), kernel_hardware(args.hardware)
     e, k, h, i = arch.num_experts, arch.num_experts_per_tok, arch.hidden_size, arch.moe_intermediate_size
     dtype, nbytes = jnp.dtype(args.dtype), dtype_bytes(args.dtype)
     key = jax.random.key(0)

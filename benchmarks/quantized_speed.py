@@ -13,7 +13,9 @@
     python -m benchmarks.quantized_speed --model llama-3.1-8b --methods bf16,fp8,awq \
         --offline-methods bf16,fp8 --num-prompts 1000 --input-len 512 --output-len 256
 
-Random weights decide nothing here: a GEMM reads the same bytes whatever they hold.
+Random weights decide nothing here: a GEMM reads the same bytes whatever they hold. The bound is that of
+the card JAX runs on (roofline.py; none on a card without peaks). A method whose generate left a request
+unfinished gets an error row instead of figures, and the run exits 1 (finished.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import jax
 
+from benchmarks.finished import IncompleteRun, exit_on_incomplete, require_all_finished
 from benchmarks.roofline import HARDWARE_CHOICES, hardware_for_device
 from benchmarks.workload import arch_for_model, make_result, random_requests, save_result
 
@@ -62,12 +65,16 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _generate_seconds(llm, prompts: list[list[int]], max_tokens: int) -> float:
+    """Seconds of one generate; IncompleteRun unless every request produced its max_tokens."""
     from jaxllm import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     t0 = time.perf_counter()
-    llm.generate(None, sp, prompt_token_ids=prompts, use_tqdm=False)
-    return time.perf_counter() - t0
+    outs = llm.generate(None, sp, prompt_token_ids=prompts, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    done = sum(o.finished and len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    require_all_finished("generate", done, len(prompts))
+    return seconds
 
 
 def run_method(method: str, args, vocab: int, hw, offline: bool) -> dict[str, Any]:
@@ -106,8 +113,9 @@ def run_method(method: str, args, vocab: int, hw, offline: bool) -> dict[str, An
     kv_bytes_per_token = info["kv_cache_gib"] * 2**30 / (info["num_gpu_blocks"] * info["block_size"])
     context = args.input_len + args.decode_tokens / 2
     step_bytes = info["weight_bytes"] + kv_bytes_per_token * context
-    row["decode_bound_tok_s"] = round(hw.bandwidth / step_bytes, 1)
-    row["decode_share_of_bound"] = round(row["decode_tok_s"] / row["decode_bound_tok_s"], 3)
+    if hw is not None:
+        row["decode_bound_tok_s"] = round(hw.bandwidth / step_bytes, 1)
+        row["decode_share_of_bound"] = round(row["decode_tok_s"] / row["decode_bound_tok_s"], 3)
     if offline:
         reqs = random_requests(args.num_prompts, args.input_len, args.output_len, vocab, seed=2)
         _generate_seconds(llm, [r.prompt for r in reqs[:64]], args.output_len)  # warm-up
@@ -128,11 +136,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if m not in METHODS:
             raise SystemExit(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
     vocab = arch_for_model(args.model).vocab_size
-    hw = hardware_for_device(args.hardware)
-    rows = []
+    device = jax.devices()[0].device_kind
+    hw = hardware_for_device(args.hardware, device)
+    rows, incomplete = [], []
     for m in methods:
         try:
             rows.append(run_method(m, args, vocab, hw, m in offline))
+        except IncompleteRun as e:  # no figures for this method; the run fails once the others are saved
+            incomplete.append((m, e))
+            rows.append({"method": m, "error": str(e)})
         except Exception as e:  # one layout failing must not hide the others' figures
             logger.exception("method %s failed", m)
             rows.append({"method": m, "error": f"{type(e).__name__}: {e}"})
@@ -143,8 +155,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["decode_speedup"] = round(row["decode_tok_s"] / base["decode_tok_s"], 3)
             if "offline_output_tok_s" in row and "offline_output_tok_s" in base:
                 row["offline_speedup"] = round(row["offline_output_tok_s"] / base["offline_output_tok_s"], 3)
-    device = jax.devices()[0].device_kind
-    print(f"{args.model} on {device} ({hw.name} bound {hw.bandwidth / 1e12:.2f} TB/s):")
+    bound = f"{hw.name} bound {hw.bandwidth / 1e12:.2f} TB/s" if hw else "no bound known for this card"
+    print(f"{args.model} on {device} ({bound}):")
     for row in rows:
         print("  ", {k: v for k, v in row.items() if k not in ("quantization",)})
     result = make_result(
@@ -155,13 +167,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {"rows": rows},
         None,
         device=device,
-        hardware=hw.name,
-        bandwidth_bytes_per_s=hw.bandwidth,
+        hardware=hw.name if hw else None,
+        bandwidth_bytes_per_s=hw.bandwidth if hw else None,
     )
     if not args.no_save:
         print("saved", save_result(result, args.output_json))
+    if incomplete:
+        m, e = incomplete[0]
+        raise IncompleteRun(
+            f"quantized_speed, method {m} (of {len(incomplete)} incomplete)", e.finished, e.total
+        )
     return result
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_incomplete(main)

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.finished import exit_on_incomplete, require_all_finished
 from benchmarks.serve import _stop_on_sigterm, model_from_launch, run_load, served_model
 from benchmarks.serve_metrics import serving_metrics
 from benchmarks.server_process import launch_server, wait_for_background_compiles
@@ -269,6 +270,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if server is not None:
             server.stop()
+    for run_name, r in runs.items():  # no figures from a run that lost requests
+        require_all_finished(
+            f"research_serving run {run_name}",
+            r["metrics"]["completed"],
+            r["metrics"]["completed"] + r["metrics"]["failed"],
+        )
 
     med = {name: r["metrics"]["median_tpot_ms"] for name, r in runs.items()}
     pairs = [ratio(med[f"research-{rep}"], med[f"none-{rep}"]) for rep in range(args.repeats)]
@@ -318,4 +325,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    main()
+    exit_on_incomplete(main)

@@ -14,16 +14,21 @@ and the K experts a token uses. That is what a single stream must read per step;
 route to more experts reads more, so at larger batches the bound is optimistic (the active-parameter
 bound vLLM's and others' MoE figures are quoted against).
 
-The peaks (HARDWARE) are per card: `--hardware auto`, every tool's default, picks the card nvidia-smi
-names (`hardware_for_device`). The H200's are measured on one (a device-to-device copy and a bf16 matmul
-through XLA): a bound a real kernel can approach, where the datasheet's 4.8 TB/s is not reached even by a
-copy. The H100's bandwidth is its datasheet figure (SXM, 3.35 TB/s) and its matmul rate the H200's
-measured one (the same GH100 compute die).
+The peaks (HARDWARE) are per card, and the bound follows the card the run is on: `--hardware auto`, every
+tool's default, reads the device kind JAX reports (`jax.devices()[0].device_kind`, e.g. 'NVIDIA H100 80GB
+HBM3') or, in a client that must not start JAX on the server's GPU, the name nvidia-smi prints, and looks it
+up in CARD_PATTERNS (`hardware_for_kind`). A card the table does not know, or the CPU, has no bound: the
+report says so instead of printing another card's. The H200's peaks are measured on one (a device-to-device
+copy and a bf16 matmul through XLA): a bound a real kernel can approach, where the datasheet's 4.8 TB/s is
+not reached even by a copy. The H100's bandwidth is its datasheet figure (SXM, 3.35 TB/s) and its matmul
+rate the H200's measured one (the same GH100 compute die). The PCIe and NVL variants differ in both and
+have no entry.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -48,18 +53,53 @@ H200 = Hardware("H200", bandwidth=4.3e12, matmul_flops=690e12)
 H100 = Hardware("H100", bandwidth=3.35e12, matmul_flops=690e12)
 HARDWARE = {"h200": H200, "h100": H100}
 HARDWARE_CHOICES = ("auto", *sorted(HARDWARE))
+# Device kinds (JAX's, or nvidia-smi's name) -> peaks; the first pattern that matches wins. The SXM boards
+# only: 'NVIDIA H100 PCIe' and 'NVIDIA H100 NVL' (other memory, other clocks) match none and get no bound.
+CARD_PATTERNS: tuple[tuple[str, Hardware], ...] = (
+    (r"^(nvidia )?h100( sxm\w*)?( 80gb)?( hbm3)?$", H100),
+    (r"^(nvidia )?h200( sxm\w*)?( 141gb)?( hbm3e)?$", H200),
+)
 
 
-def hardware_for_device(choice: str = "auto") -> Hardware:
-    """The peaks named by `choice`; "auto": those of this machine's GPU (nvidia-smi), else the H200's, so
-    that a CPU run or an unknown card still prints a bound (its report names the card the bound is for)."""
+def hardware_for_kind(device_kind: str | None) -> Hardware | None:
+    """The peaks of a card named as JAX's device_kind or nvidia-smi name it; None for any other (the CPU
+    included), so that no report quotes another card's bound."""
+    name = " ".join((device_kind or "").lower().split())
+    for pattern, hw in CARD_PATTERNS:
+        if re.match(pattern, name):
+            return hw
+    return None
+
+
+def jax_device_kind() -> str:
+    """The kind of JAX's first device: 'NVIDIA H100 80GB HBM3', 'NVIDIA H200', 'cpu', ..."""
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
+def hardware_for_device(choice: str = "auto", device_kind: str | None = None) -> Hardware | None:
+    """The peaks named by `choice`; "auto": those of `device_kind` (default: JAX's first device), or None
+    when the table has no such card."""
     if choice != "auto":
         if choice not in HARDWARE:
             raise ValueError(f"--hardware {choice!r} is not known; choose from {HARDWARE_CHOICES}")
         return HARDWARE[choice]
-    from benchmarks.workload import device_tag
+    return hardware_for_kind(jax_device_kind() if device_kind is None else device_kind)
 
-    return HARDWARE.get(device_tag(), H200)
+
+def kernel_hardware(choice: str = "auto") -> Hardware:
+    """For the kernel and GEMM sweeps, whose rows need some peaks to divide by: this card's, else the
+    H200's (their reports name the card the bound is for, so such a row says it is the H200's)."""
+    return hardware_for_device(choice) or H200
+
+
+def no_bound_line(device_kind: str | None) -> str:
+    """What a report prints in place of the roofline line on a card the table does not know."""
+    return (
+        f"roofline: n/a (no peaks known for {device_kind or 'this device'!r}; "
+        f"pass --hardware {'|'.join(sorted(HARDWARE))} to quote one)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +236,13 @@ def decode_step_seconds(shape: ModelShape, context_lens: Sequence[int], hw: Hard
     return max(decode_step_bytes(shape, context_lens) / hw.bandwidth, flops / hw.matmul_flops)
 
 
-def prefill_flops(shape: ModelShape, prompt_len: int) -> int:
-    """A whole causal prompt: token i attends to i + 1 keys, so L(L+1)/2 pairs."""
-    return 2 * shape.matmul_params * prompt_len + shape.attention_flops(prompt_len * (prompt_len + 1) // 2)
+def prefill_flops(shape: ModelShape, prompt_len: int, cached_len: int = 0) -> int:
+    """A causal prompt whose first `cached_len` tokens' KV is already in the prefix cache: token i
+    attends to i + 1 keys, so the tokens computed (cached_len..L-1) make L(L+1)/2 - c(c+1)/2 pairs."""
+    if not 0 <= cached_len <= prompt_len:
+        raise ValueError(f"cached_len={cached_len} must be in [0, prompt_len={prompt_len}]")
+    pairs = prompt_len * (prompt_len + 1) // 2 - cached_len * (cached_len + 1) // 2
+    return 2 * shape.matmul_params * (prompt_len - cached_len) + shape.attention_flops(pairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +276,12 @@ def offline_bound(
     output_lens: Sequence[int],
     max_batch: int,
     hw: Hardware = H200,
+    cached_lens: Sequence[int] | None = None,
 ) -> Bound:
     """Lower bound on serving every request: prefill at the matmul rate, decode at the bandwidth.
+
+    `cached_lens`: prompt tokens per request whose KV a prefix cache can supply (a shared system prompt:
+    its length for every request but the first); their prefill is not computed, so it is not counted.
 
     The prefill step of a request also yields its first output token; the other `out - 1` tokens come from
     decode steps of at most `max_batch` sequences, so there are at least max(ceil(sum(out - 1) / max_batch),
@@ -245,7 +293,10 @@ def offline_bound(
         raise ValueError(f"input_lens has {len(input_lens)} entries but output_lens has {len(output_lens)}")
     if max_batch < 1:
         raise ValueError(f"max_batch={max_batch} must be >= 1")
-    p_flops = sum(prefill_flops(shape, i) for i in input_lens)
+    cached = list(cached_lens) if cached_lens is not None else [0] * len(input_lens)
+    if len(cached) != len(input_lens):
+        raise ValueError(f"cached_lens has {len(cached)} entries but input_lens has {len(input_lens)}")
+    p_flops = sum(prefill_flops(shape, i, c) for i, c in zip(input_lens, cached, strict=True))
     decode_tokens = sum(max(o - 1, 0) for o in output_lens)
     # Decode token t (1..o-1) of a request with prompt i attends to i + t keys.
     kv_tokens = sum(

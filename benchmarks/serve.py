@@ -1,10 +1,17 @@
 """Online benchmark for any OpenAI-compatible server, with vLLM benchmark_serving's metrics.
 
     [--launch "jaxllm serve ..." -> wait for /health]
-    requests (random token ids or --dataset) --arrivals: Poisson at --request-rate (inf: all at once),
-        at most --max-concurrency in flight--> streaming POST /v1/completions (ignore_eos, include_usage)
+    requests (--workload random | shared-prefix | chat token ids, workload.py; or --dataset)
+        --arrivals: Poisson at --request-rate (inf: all at once), at most --max-concurrency in flight-->
+        streaming POST /v1/completions (ignore_eos, include_usage;
+        serve_client.py)
         --per request: TTFT, ITL gaps, E2E latency, token counts--> serving_metrics (+ goodput)
-        --offline_bound on the same lengths--> roofline line --> benchmarks/results/<date>-<device>-<name>.json
+        --offline_bound on the same lengths, on the server's card (its log's "device:" line, else
+        nvidia-smi's; none for a card without peaks)--> roofline line
+        --> benchmarks/results/<date>-<device>-<name>.json
+    a level in which not every request finished keeps its counts but no figures; the run then exits 1
+    --workload shared-prefix: each level has a system prompt of its own, sent once untimed first (a
+        running service has its system prompt cached); the server's prefix-cache hit rate is reported
     --sweep-concurrency 1,8,32 [--sweep-num-prompts 4,16,64]: one run per concurrency, each on its own
         random prompts (so that prefix caching finds none of them) -> table of median/mean/p99 TTFT, TPOT,
         ITL, E2E, tok/s, req/s, GPU utilization; --target c32:median_tpot_ms<=5.5 checks a level
@@ -31,15 +38,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
+from benchmarks.finished import IncompleteRun, exit_on_incomplete
 from benchmarks.roofline import (
     HARDWARE_CHOICES,
     hardware_for_device,
+    no_bound_line,
     offline_bound,
     roofline_line,
     shape_for_model,
 )
+from benchmarks.serve_client import CUT, arrival_gaps, run_load, send_request  # noqa: F401 - serve.X names
 from benchmarks.serve_metrics import (
     RequestTiming,
     check_targets,
@@ -57,6 +66,7 @@ from benchmarks.server_process import (
     engine_startup_from_log,
     flag_value,
     launch_server,
+    prefix_cache_counters,
     step_breakdown,
     wait_for_background_compiles,
     write_synthetic_tokenizer,
@@ -64,11 +74,15 @@ from benchmarks.server_process import (
 from benchmarks.startup import startup_table
 from benchmarks.workload import (
     BenchRequest,
+    add_workload_args,
+    cached_prefix_lens,
+    gpu_name,
     hf_config_for_model,
     load_jsonl,
     make_result,
-    random_requests,
     save_result,
+    workload_label,
+    workload_requests,
 )
 from jaxllm.stats import STEP_HOST_PHASES
 
@@ -102,6 +116,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--range-ratio", type=float, default=0.0)
+    add_workload_args(p)
     p.add_argument(
         "--dataset", default=None, help="JSONL: {prompt | prompt_token_ids, [output_len]} per line"
     )
@@ -146,140 +161,13 @@ def make_parser() -> argparse.ArgumentParser:
         "--hardware",
         choices=HARDWARE_CHOICES,
         default="auto",
-        help="peaks for the roofline (auto: this GPU's)",
+        help="peaks for the roofline (auto: those of the server's card; none for a card without an entry)",
     )
     p.add_argument("--request-timeout", type=float, default=3600.0)
     p.add_argument("--name", default=None)
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     return p
-
-
-# ---- one request ---------------------------------------------------------------------------------------
-async def send_request(
-    client: httpx.AsyncClient, url: str, model: str, req: BenchRequest, temperature: float
-) -> RequestTiming:
-    body = {
-        "model": model,
-        "prompt": req.prompt,
-        "max_tokens": req.output_len,
-        "temperature": temperature,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **(req.extra_body or {}),
-    }
-    t = RequestTiming(success=False, prompt_len=req.input_len)
-    pieces: list[str] = []
-    chunks = 0
-    usage = None
-    start = time.perf_counter()
-    last = start
-    try:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                t.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                return t
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                msg = json.loads(data)
-                if msg.get("usage"):
-                    usage = msg["usage"]
-                if not msg.get("choices"):
-                    continue
-                choice = msg["choices"][0]
-                pieces.append(choice.get("text") or "")
-                t.finish_reason = choice.get("finish_reason") or t.finish_reason
-                now = time.perf_counter()
-                if chunks == 0:
-                    t.ttft = now - start
-                else:
-                    t.itl.append(now - last)
-                last = now
-                chunks += 1
-        t.latency = time.perf_counter() - start
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
-        t.error = f"{type(e).__name__}: {e}"
-        return t
-    t.text = "".join(pieces)
-    t.output_tokens = int(usage["completion_tokens"]) if usage else chunks
-    if usage and usage.get("prompt_tokens"):
-        t.prompt_len = int(usage["prompt_tokens"])
-    t.success = chunks > 0
-    if not t.success:
-        t.error = "the stream held no tokens"
-    return t
-
-
-# ---- a load ----------------------------------------------------------------------------------------------
-def arrival_gaps(n: int, rate: float, seed: int) -> list[float]:
-    """Seconds to wait before each request: exponential gaps (a Poisson process), or none at rate inf."""
-    if rate <= 0:
-        raise ValueError(f"--request-rate={rate} must be > 0 (inf sends everything at once)")
-    if math.isinf(rate):
-        return [0.0] * n
-    return np.random.default_rng(seed).exponential(1.0 / rate, size=n).tolist()
-
-
-CUT = "cut at the sweep deadline"
-
-
-async def run_load(
-    base_url: str,
-    model: str,
-    requests: list[BenchRequest],
-    rate: float,
-    max_concurrency: int | None,
-    temperature: float,
-    seed: int,
-    timeout_s: float,
-    deadline: float | None = None,
-) -> tuple[list[RequestTiming], float]:
-    """Timings in request order and the wall time. `deadline` (Unix time): requests unfinished by then
-    are cancelled and count as failed with the error CUT."""
-    url = base_url.rstrip("/") + "/v1/completions"
-    limit = max_concurrency or len(requests)
-    sem = asyncio.Semaphore(limit)
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
-
-        async def one(r: BenchRequest) -> RequestTiming:
-            async with sem:
-                return await send_request(client, url, model, r, temperature)
-
-        tasks: list[asyncio.Task] = []
-
-        async def submit_all() -> None:
-            for gap, r in zip(arrival_gaps(len(requests), rate, seed), requests, strict=True):
-                if gap > 0:
-                    await asyncio.sleep(gap)
-                tasks.append(asyncio.create_task(one(r)))
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        t0 = time.perf_counter()
-        left = None if deadline is None else max(0.0, deadline - time.time())
-        try:
-            await asyncio.wait_for(submit_all(), left)
-        except TimeoutError:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        duration = time.perf_counter() - t0
-    timings = []
-    for i, r in enumerate(requests):
-        task = tasks[i] if i < len(tasks) else None
-        if task is None or task.cancelled():
-            timings.append(RequestTiming(False, prompt_len=r.input_len, error=CUT))
-        elif task.exception() is not None:
-            e = task.exception()
-            timings.append(RequestTiming(False, prompt_len=r.input_len, error=f"{type(e).__name__}: {e}"))
-        else:
-            timings.append(task.result())
-    return timings, duration
 
 
 def served_model(base_url: str) -> str:
@@ -306,15 +194,25 @@ def model_from_launch(command: str | None) -> str | None:
 
 
 # ---- reports -------------------------------------------------------------------------------------------
-def roofline_for(shape, timings: list[RequestTiming], requests, max_batch: int, duration: float, hw):
-    if shape is None:
+def roofline_for(
+    shape, timings: list[RequestTiming], requests, max_batch: int, duration: float, hw, primer=None
+):
+    """The bound of a level whose requests all finished (None otherwise, or without a shape or card).
+    `primer`: the untimed request sent first, whose prefix the cache already holds."""
+    if shape is None or hw is None or not all(t.success for t in timings):
         return None
-    ok = [(t, r) for t, r in zip(timings, requests, strict=True) if t.success and t.output_tokens > 0]
-    if not ok:
-        return None
-    in_lens = [t.prompt_len or r.input_len for t, r in ok]
+    in_lens = [t.prompt_len or r.input_len for t, r in zip(timings, requests, strict=True)]
+    cached = None
+    if all(isinstance(r.prompt, list) for r in requests):
+        primers = [primer.prompt] if primer is not None else []
+        cached = cached_prefix_lens([r.prompt for r in requests], primers)
     bound = offline_bound(
-        shape, in_lens, [t.output_tokens for t, _ in ok], max(1, min(max_batch, len(ok))), hw
+        shape,
+        in_lens,
+        [max(t.output_tokens, 1) for t in timings],
+        max(1, min(max_batch, len(timings))),
+        hw,
+        cached_lens=cached,
     )
     return {
         **bound.to_dict(),
@@ -323,8 +221,12 @@ def roofline_for(shape, timings: list[RequestTiming], requests, max_batch: int, 
     }
 
 
-def print_metrics(m: dict[str, Any], roof: dict | None) -> None:
+def print_metrics(m: dict[str, Any], roof: dict | None, no_roof: str) -> None:
     print(f"successful requests: {m['completed']} (failed {m['failed']}), duration {m['duration_s']:.2f} s")
+    if m.get("incomplete"):
+        total = m["completed"] + m["failed"]
+        print(f"only {m['completed']} of {total} requests finished: no throughput or latency is reported")
+        return
     print(
         f"request throughput {m['request_throughput']:.2f} req/s, output {m['output_throughput']:,.1f} tok/s, "
         f"total {m['total_token_throughput']:,.1f} tok/s"
@@ -336,7 +238,7 @@ def print_metrics(m: dict[str, Any], roof: dict | None) -> None:
             f"{label:12s} mean {m[f'mean_{k}_ms']:9.2f} ms  median {m[f'median_{k}_ms']:9.2f} ms  "
             f"p99 {m[f'p99_{k}_ms']:9.2f} ms"
         )
-    print(roof["line"] if roof else "roofline: n/a (model shape unknown; pass --shape-model)")
+    print(roof["line"] if roof else no_roof)
 
 
 def level_sizes(args: argparse.Namespace) -> tuple[list[int | None], list[int]]:
@@ -371,13 +273,16 @@ def split_requests(requests: list[BenchRequest], sizes: list[int]) -> list[list[
 
 
 def make_requests(args: argparse.Namespace, vocab: int | None, sizes: list[int]) -> list[list[BenchRequest]]:
-    """One list of requests per size: random ones are all distinct, so no run finds another's prefix."""
+    """One list of requests per size: random and chat ones are all distinct, so no run finds another's
+    prefix; shared-prefix ones share a system prompt within a list (each its own, from seed + i), and
+    each list has one more request than its size, the primer sent untimed first."""
     if args.dataset:
         return split_requests(load_jsonl(args.dataset, args.output_len, sum(sizes)), sizes)
     if vocab is None:
         raise ValueError("the model's vocabulary is unknown: pass --vocab-size or --shape-model")
-    reqs = random_requests(sum(sizes), args.input_len, args.output_len, vocab, args.range_ratio, args.seed)
-    return split_requests(reqs, sizes)
+    if args.workload == "shared-prefix":
+        return [workload_requests(args, n + 1, vocab, args.seed + i) for i, n in enumerate(sizes)]
+    return split_requests(workload_requests(args, sum(sizes), vocab, args.seed), sizes)
 
 
 def prepare_tokenizer(directory: str, shape_name: str | None) -> None:
@@ -408,9 +313,12 @@ def build_result(
     runs: list[dict],
     startup: dict | None,
     compile_wait_s: float | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     args_d = {**vars(args), "request_rate": str(args.request_rate)}
     extra = {
+        "device": device,
+        "workload": workload_label(args) if not args.dataset else "dataset " + args.dataset,
         "server_ready_s": startup["ready_s"] if startup else None,
         "server_startup": startup,
         "background_compile_wait_s": compile_wait_s,
@@ -498,7 +406,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.name
             or f"serve-{Path(str(shape_name)).name}-{sum(counts)}x{args.input_len}x{args.output_len}"
         )
-        hw = hardware_for_device(args.hardware)
+        device = ((startup or {}).get("engine") or {}).get("device_kind") or gpu_name() or "cpu"
+        hw = hardware_for_device(args.hardware, str(device))
+        no_roof = (
+            "roofline: n/a (model shape unknown; pass --shape-model)"
+            if shape is None
+            else no_bound_line(device)
+        )
+        primed = args.workload == "shared-prefix" and not args.dataset
 
         def load(reqs: list[BenchRequest], conc: int | None, timed: bool = True):
             """A timed level arrives at --request-rate and ends by --sweep-deadline; others all at once."""
@@ -519,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
 
         # One request first, so that a broken setup fails before the timed runs.
-        first = probe[0]
+        first = probe[-1]
         (t,), _ = load([BenchRequest(first.prompt, first.input_len, min(4, first.output_len))], 1, False)
         if not t.success:
             raise RuntimeError(f"the first request failed: {t.error}")
@@ -540,17 +455,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.sweep_deadline is not None and time.time() >= args.sweep_deadline:
                 print(f"== concurrency {conc}: skipped, the sweep deadline has passed")
                 continue
+            primer = None
+            if primed:  # the level's system prompt into the prefix cache, untimed
+                primer, *reqs = reqs
+                load([primer], 1, False)
             counters = engine_counters(args.base_url)
+            hits0 = prefix_cache_counters(args.base_url)
             with GpuMonitor(args.gpu_util_interval) as gpu:
                 timings, duration = load(reqs, conc)
             steps = step_breakdown(counters, engine_counters(args.base_url), duration)
+            hits1 = prefix_cache_counters(args.base_url)
             m = serving_metrics(timings, duration, goodput)
-            roof = roofline_for(shape, timings, reqs, conc or len(reqs), duration, hw)
+            if hits0 and hits1 and hits1["queries"] > hits0["queries"]:
+                m["prefix_cache_hit_rate"] = (hits1["hits"] - hits0["hits"]) / (
+                    hits1["queries"] - hits0["queries"]
+                )
+            roof = roofline_for(shape, timings, reqs, conc or len(reqs), duration, hw, primer)
             print(
-                f"== serve: {model} at {args.base_url}, concurrency {conc or 'unlimited'}, "
-                f"{len(reqs)} requests, rate {args.request_rate}"
+                f"== serve: {model} at {args.base_url} on {device}, concurrency {conc or 'unlimited'}, "
+                f"{len(reqs)} requests ({workload_label(args)}), rate {args.request_rate}"
             )
-            print_metrics(m, roof)
+            if "prefix_cache_hit_rate" in m:
+                print(f"prefix cache hits: {m['prefix_cache_hit_rate']:.1%} of prompt tokens")
+            print_metrics(m, roof, no_roof)
             if steps is not None and steps["steps"]:
                 print(
                     f"engine: {steps['steps']} steps, {steps['mean_step_ms']:.2f} ms each on average; the step "
@@ -575,7 +502,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "cut": cut,
                 }
             )
-            result = build_result(args, name, shape_name, runs, startup, waited)
+            result = build_result(args, name, shape_name, runs, startup, waited, str(device))
             if not args.no_save:
                 result["path"] = str(save_result(result, args.output_json))
     finally:
@@ -583,12 +510,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             server.stop()
     if not runs:
         raise RuntimeError("no level ran before the sweep deadline")
+    lost = [r for r in runs if r["metrics"].get("incomplete")]
     if args.sweep_concurrency:
         print(result["results"]["table"])
         if result["results"]["targets"]:
             print(targets_table(result["results"]["targets"]))
     if "path" in result:
         print(f"saved {result['path']}")
+    if lost:
+        m = lost[0]["metrics"]
+        raise IncompleteRun(
+            f"serve at concurrency {lost[0]['concurrency'] or 'unlimited'} ({len(lost)} of {len(runs)} levels "
+            "incomplete; the others' figures are saved)",
+            m["completed"],
+            m["completed"] + m["failed"],
+            lost[0]["errors"],
+        )
     return result
 
 
@@ -600,4 +537,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    main()
+    exit_on_incomplete(main)

@@ -9,6 +9,8 @@
 - E2EL: request sent -> last byte.
 - Goodput: requests per second that met every given limit (ttft, tpot, e2el in ms).
 Percentiles interpolate linearly between order statistics (numpy's default, as vLLM).
+A run in which a request failed (or was cut) has no throughput or latency figures, only its counts and
+"incomplete": tokens over the time of a run that lost requests measure the loss (benchmarks/finished.py).
 
 A concurrency sweep keeps one `sweep_row` per level; `sweep_table` prints them as markdown, and
 `check_targets` holds them against limits such as "c32:median_tpot_ms<=5.5" (`parse_target`).
@@ -93,10 +95,11 @@ def serving_metrics(
     ok = [t for t in timings if t.success]
     n_in = sum(t.prompt_len for t in ok)
     n_out = sum(t.output_tokens for t in ok)
+    counts = {"completed": len(ok), "failed": len(timings) - len(ok), "duration_s": duration_s}
+    if not timings or len(ok) != len(timings):
+        return {**counts, "incomplete": True}
     out: dict[str, float] = {
-        "completed": len(ok),
-        "failed": len(timings) - len(ok),
-        "duration_s": duration_s,
+        **counts,
         "total_input_tokens": n_in,
         "total_output_tokens": n_out,
         "request_throughput": len(ok) / duration_s,
@@ -131,11 +134,12 @@ def sweep_row(
         "failed": int(metrics["failed"]),
         "gpu_util_pct": gpu_util_pct,
     }
+    # An incomplete level (serving_metrics) has no figures: its cells are None.
     for k, _ in LATENCIES:
         for stat in ROW_STATS:
-            row[f"{stat}_{k}_ms"] = metrics[f"{stat}_{k}_ms"]
+            row[f"{stat}_{k}_ms"] = metrics.get(f"{stat}_{k}_ms")
     for k in ROW_RATES:
-        row[k] = metrics[k]
+        row[k] = metrics.get(k)
     row.update(extra)
     return row
 
@@ -150,6 +154,10 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
         util = "n/a" if r.get("gpu_util_pct") is None else f"{r['gpu_util_pct']:.0f}%"
         ok = f"{r['completed']}/{r['num_prompts']}" + (" (cut)" if r.get("cut") else "")
         cells = [str(r["concurrency"] or "all"), ok]
+        if r.get("output_throughput") is None:  # not every request finished: no figures
+            cells += ["incomplete"] * (len(LATENCIES) + 2) + [util]
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
         for k, _ in LATENCIES:
             cells.append(" / ".join(f"{r[f'{stat}_{k}_ms']:.2f}" for stat in ROW_STATS))
         cells += [f"{r['output_throughput']:,.1f}", f"{r['request_throughput']:.2f}", util]

@@ -116,6 +116,20 @@ def engine_counters(base_url: str) -> dict[str, float] | None:
     return values
 
 
+def prefix_cache_counters(base_url: str) -> dict[str, float] | None:
+    """The server's cumulative prompt tokens looked up in its prefix cache and found there (vLLM's
+    prefix_cache_queries / prefix_cache_hits counters, jaxllm's or vllm's prefix), or None without them."""
+    text = _metrics_text(base_url)
+    if text is None:
+        return None
+    for prefix in ("jaxllm:", "vllm:"):
+        queries = _metric_sum(text, f"{prefix}prefix_cache_queries_total")
+        hits = _metric_sum(text, f"{prefix}prefix_cache_hits_total")
+        if queries is not None and hits is not None:
+            return {"queries": queries, "hits": hits}
+    return None
+
+
 def step_breakdown(before: dict | None, after: dict | None, duration_s: float) -> dict | None:
     """Engine steps over a timed stretch: how many, the mean wall time per step, and the share of the
     stretch the step thread spent waiting on the device (near 1: the device is the bottleneck; low while
@@ -217,6 +231,8 @@ _LOGGED_FIGURES = (
     ("max_model_len", re.compile(r"limits: .*?max_model_len=(\d+)")),
     ("max_num_seqs", re.compile(r"limits: .*?max_num_seqs=(\d+)")),
     ("max_num_batched_tokens", re.compile(r"limits: .*?max_num_batched_tokens=(\d+)")),
+    # "device: NVIDIA H100 80GB HBM3 x1 (jax platform gpu, ...)": the card the roofline must be that of
+    ("device_kind", re.compile(r"device: (.+?) x\d+ \(jax platform")),
 )
 
 

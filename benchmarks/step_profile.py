@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.decode_step import decode_inputs, randomize_kv
-from benchmarks.roofline import HARDWARE_CHOICES, decode_step_seconds, hardware_for_device, shape_for_model
+from benchmarks.roofline import HARDWARE_CHOICES, decode_step_seconds, kernel_hardware, shape_for_model
 from benchmarks.workload import make_result, save_result
 from jaxllm.config import ATTENTION_BACKENDS
 
@@ -390,7 +390,7 @@ def main(argv=None) -> dict:
     )
     runner = llm.llm_engine.runner
     randomize_kv(runner)
-    shape, hw = shape_for_model(args.model, args.dtype), hardware_for_device(args.hardware)
+    shape, hw = shape_for_model(args.model, args.dtype), kernel_hardware(args.hardware)
     rows = []
     for kind, (b, c), pf in cases:
         inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)

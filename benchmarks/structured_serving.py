@@ -47,6 +47,7 @@ import httpx
 import numpy as np
 
 from benchmarks.byte_level_tokenizer import write_byte_level_tokenizer
+from benchmarks.finished import exit_on_incomplete, require_all_finished
 from benchmarks.grammar_cases import SERVING_SCHEMAS, with_variant
 from benchmarks.serve import _stop_on_sigterm, model_from_launch, run_load, served_model
 from benchmarks.serve_metrics import RequestTiming, serving_metrics
@@ -516,6 +517,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if server is not None:
             server.stop()
+    for run_name, r in runs.items():  # no figures from a run that lost requests
+        require_all_finished(
+            f"structured_serving run {run_name}",
+            r["metrics"]["completed"],
+            r["metrics"]["completed"] + r["metrics"]["failed"],
+        )
 
     for name, ts in (("free", free_t), ("mixed", mixed_t), ("matched", matched_t)):
         runs[name]["errors"] = sorted({t.error for t in ts if not t.success})[:5]
@@ -579,4 +586,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    main()
+    exit_on_incomplete(main)

@@ -67,6 +67,8 @@ def throughput_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     for r in results:
         m, s, peer = r["results"], r.get("startup") or {}, r.get("peer")
         peer_s = "" if not peer else ("failed" if "error" in peer else _f(peer["output_tok_s"]))
+        ratio = (m.get("vs_peer") or {}).get("output_tok_s")
+        peer_s += f" (jaxllm {ratio:.2f}x)" if ratio else ""
         rows.append(
             [
                 r["date"][:10],
@@ -96,11 +98,11 @@ def serve_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                 r["device"],
                 f"{r['model']} ({r['name']})",
                 str(m["completed"]),
-                _f(m["request_throughput"], ".2f"),
-                _f(m["output_throughput"]),
-                _f(m["mean_ttft_ms"]),
-                _f(m["p99_ttft_ms"]),
-                _f(m["mean_tpot_ms"], ".2f"),
+                _f(m.get("request_throughput"), ".2f"),
+                _f(m.get("output_throughput")),
+                _f(m.get("mean_ttft_ms")),
+                _f(m.get("p99_ttft_ms")),
+                _f(m.get("mean_tpot_ms"), ".2f"),
                 _f(m.get("request_goodput"), ".2f"),
                 _share(r),
             ]

@@ -1,15 +1,20 @@
 """Offline throughput, as vLLM's benchmark_throughput: every request handed to `LLM.generate` at once.
 
-    args --model shape (no weights)--> random token-id requests (or --dataset JSONL)
+    args --model shape (no weights)--> --workload random | shared-prefix | chat token-id requests
+         (workload.py; or --dataset JSONL)
          [--peer transformers: child process, before JAX takes the GPU]
-         --LLM(...)--> startup_info --generate(ignore_eos)--> wall time, tokens
-         --offline_bound--> roofline line --save_result--> benchmarks/results/<date>-<device>-<name>.json
+         --LLM(...)--> startup_info --generate(ignore_eos)--> wall time, tokens; every request finished?
+         --offline_bound (on JAX's card; the prefix a cache can supply left out)--> roofline line
+         --save_result--> benchmarks/results/<date>-<device>-<name>.json
 
     python -m benchmarks.throughput --model llama-3.1-8b --load-format dummy --num-prompts 1000 \
         --input-len 512 --output-len 256 --name llama8b-1000x512x256
 
-Reported: requests/s, output tok/s, total tok/s, wall time of generate, engine startup time, and the share
-of the roofline bound for this exact workload on this card (roofline.py).
+Reported: requests/s, output tok/s, total tok/s, wall time of generate, engine startup time, the prefix
+cache's hit rate, the share of the roofline bound for this exact workload on the card JAX runs on
+(roofline.py; none on a card it has no peaks for), and with --peer the ratio of each figure to the peer's.
+A run in which a request did not finish (or a peer run that did not) reports no throughput and exits 1
+(finished.py).
 """
 
 from __future__ import annotations
@@ -23,21 +28,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.finished import IncompleteRun, exit_on_incomplete, require_all_finished
 from benchmarks.roofline import (
     HARDWARE_CHOICES,
     ModelShape,
     hardware_for_device,
+    jax_device_kind,
+    no_bound_line,
     offline_bound,
     roofline_line,
 )
 from benchmarks.workload import (
     BenchRequest,
+    add_workload_args,
     arch_for_model,
+    cached_prefix_lens,
     hf_config_for_model,
     load_jsonl,
     make_result,
-    random_requests,
     save_result,
+    workload_label,
+    workload_requests,
 )
 from jaxllm.config import ATTENTION_BACKENDS
 
@@ -55,6 +66,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 -/+ ratio)")
+    add_workload_args(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or 1 (sampling)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -97,7 +109,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--hardware",
         choices=HARDWARE_CHOICES,
         default="auto",
-        help="peaks for the roofline (auto: this GPU's)",
+        help="peaks for the roofline (auto: those of the card JAX runs on; none for a card without an entry)",
     )
     p.add_argument("--name", default=None, help="result name; default: <model>-<N>x<in>x<out>")
     p.add_argument(
@@ -111,12 +123,14 @@ def build_requests(args: argparse.Namespace, vocab_size: int) -> list[BenchReque
     if args.dataset:
         # Text prompts are measured after generation, from the token ids the engine reports.
         return load_jsonl(args.dataset, args.output_len, args.num_prompts)
-    return random_requests(
-        args.num_prompts, args.input_len, args.output_len, vocab_size, args.range_ratio, args.seed
-    )
+    return workload_requests(args, args.num_prompts, vocab_size, args.seed)
 
 
-def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[str, Any]:
+def run_engine(
+    args: argparse.Namespace, requests: list[BenchRequest], primer: BenchRequest | None = None
+) -> dict[str, Any]:
+    """`primer`: an untimed request sent first (the shared-prefix workload's, which puts the system prompt
+    into the prefix cache as a running service has it)."""
     from jaxllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -155,6 +169,8 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
             temperature=args.temperature, max_tokens=r.output_len, ignore_eos=True, detokenize=detokenize
         )
 
+    if primer is not None:
+        llm.generate(None, [params(primer)], prompt_token_ids=[primer.prompt], use_tqdm=False)
     if args.warmup_prompts > 0:
         warm = requests[: args.warmup_prompts]
         llm.generate([r.prompt for r in warm], [params(r) for r in warm], use_tqdm=False)
@@ -162,6 +178,7 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
     prompts = [r.prompt for r in requests]
     timing = engine.runner.timing
     steps0, wait0, phases0 = timing.steps, timing.wait_s, dict(timing.host_s)
+    stats0 = engine.get_stats()
     with device_trace(args.device_trace) as traced:
         t0 = time.perf_counter()
         if all(isinstance(p, list) for p in prompts):
@@ -182,6 +199,24 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
     if args.device_trace:
         breakdown["device_timeline"] = traced.get("timeline") or "no device kernel events in the trace"
 
+    stats = engine.get_stats()
+    queries = stats.prefix_cache_queries - stats0.prefix_cache_queries
+    hits = stats.prefix_cache_hits - stats0.prefix_cache_hits
+    # With ignore_eos a request that finished has produced exactly its max_tokens.
+    done = [
+        o.finished and len(o.outputs[0].token_ids) == r.output_len
+        for o, r in zip(outs, requests, strict=True)
+    ]
+    require_all_finished(
+        "jaxllm",
+        sum(done),
+        len(requests),
+        [
+            f"request {i}: finish_reason {outs[i].outputs[0].finish_reason}"
+            for i, ok in enumerate(done)
+            if not ok
+        ],
+    )
     in_lens = [len(o.prompt_token_ids) for o in outs]
     out_lens = [len(o.outputs[0].token_ids) for o in outs]
     info = dict(engine.startup_info)
@@ -189,6 +224,12 @@ def run_engine(args: argparse.Namespace, requests: list[BenchRequest]) -> dict[s
     info["detokenize"] = detokenize
     return {
         "elapsed_s": elapsed,
+        "prompts": [o.prompt_token_ids for o in outs],
+        "prefix_cache": {
+            "queried_tokens": queries,
+            "hit_tokens": hits,
+            "hit_rate": hits / queries if queries else 0.0,
+        },
         "input_lens": in_lens,
         "output_lens": out_lens,
         "startup": info,
@@ -234,16 +275,28 @@ def summarize(elapsed: float, in_lens: list[int], out_lens: list[int]) -> dict[s
     }
 
 
+def peer_ratios(res: dict[str, Any], peer: dict[str, Any] | None) -> dict[str, float] | None:
+    """jaxllm's figure over the peer's, for each offline figure both report; None without a peer figure."""
+    if not peer or "error" in peer:
+        return None
+    keys = ("requests_per_s", "output_tok_s", "total_tok_s")
+    return {k: res[k] / peer[k] for k in keys if peer.get(k)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = make_parser().parse_args(argv)
     if args.temperature < 0:
         raise ValueError(f"--temperature={args.temperature} must be >= 0")
     arch = arch_for_model(args.model)
     requests = build_requests(args, arch.vocab_size)
+    primer = None
+    if args.workload == "shared-prefix" and not args.dataset:
+        # One more request of the same system prompt, sent untimed before the others.
+        primer, *requests = workload_requests(args, args.num_prompts + 1, arch.vocab_size, args.seed)
 
     peer = None
     if args.peer == "transformers":
-        from benchmarks.peer_transformers import run_peer_subprocess
+        from benchmarks.peer_transformers import CONTINUOUS, run_peer_subprocess
 
         if all(isinstance(r.prompt, list) for r in requests):
             logger.info("running the transformers peer on %d requests", len(requests))
@@ -255,30 +308,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 args.peer_timeout,
             )
         else:
-            peer = {"peer": "transformers generate_batch", "error": "the peer needs token-id prompts"}
+            peer = {"peer": CONTINUOUS, "error": "the peer needs token-id prompts"}
 
-    run = run_engine(args, requests)
+    run = run_engine(args, requests, primer)
     res = summarize(run["elapsed_s"], run["input_lens"], run["output_lens"])
+    res["workload"] = "dataset " + args.dataset if args.dataset else workload_label(args)
+    res["prefix_cache"] = run["prefix_cache"]
     res["step_breakdown"] = run["step_breakdown"]
+    res["vs_peer"] = peer_ratios(res, peer)
     startup = run["startup"]
-    shape = ModelShape.from_arch(run["arch"], startup.get("dtype", "bfloat16"), startup.get("kv_cache_dtype"))
-    bound = offline_bound(
-        shape,
-        run["input_lens"],
-        run["output_lens"],
-        min(run["max_num_seqs"], len(requests)),
-        hardware_for_device(args.hardware),
-    )
-    line = roofline_line(bound, run["elapsed_s"])
-    roof = {**bound.to_dict(), "achieved_share": bound.seconds / run["elapsed_s"], "line": line}
+    device = jax_device_kind()
+    hw = hardware_for_device(args.hardware, device)
+    roof = None
+    if hw is not None:
+        shape = ModelShape.from_arch(
+            run["arch"], startup.get("dtype", "bfloat16"), startup.get("kv_cache_dtype")
+        )
+        bound = offline_bound(
+            shape,
+            run["input_lens"],
+            run["output_lens"],
+            min(run["max_num_seqs"], len(requests)),
+            hw,
+            cached_lens=cached_prefix_lens(run["prompts"], [primer.prompt] if primer else []),
+        )
+        line = roofline_line(bound, run["elapsed_s"])
+        roof = {**bound.to_dict(), "achieved_share": bound.seconds / run["elapsed_s"], "line": line}
 
     model_name = args.model or "embedded"
-    name = args.name or f"{Path(model_name).name}-{len(requests)}x{args.input_len}x{args.output_len}"
-    result = make_result("throughput", name, args.model, vars(args), res, roof, startup=startup, peer=peer)
+    kind = "" if args.workload == "random" else f"-{args.workload}"
+    name = args.name or f"{Path(model_name).name}{kind}-{len(requests)}x{args.input_len}x{args.output_len}"
+    result = make_result(
+        "throughput", name, args.model, vars(args), res, roof, device=device, startup=startup, peer=peer
+    )
     print_report(result)
     if not args.no_save:
         result["path"] = str(save_result(result, args.output_json))
         print(f"saved {result['path']}")
+    if peer is not None and "error" in peer:
+        # jaxllm's own figures stand (and are saved); the comparison asked for did not happen.
+        raise IncompleteRun(
+            "the transformers peer", peer.get("num_finished", 0), len(requests), [peer["error"]]
+        )
     return result
 
 
@@ -291,9 +362,17 @@ def print_report(result: dict[str, Any]) -> None:
         f"{r['num_requests']} requests, {r['input_tokens']} input + {r['output_tokens']} output tokens "
         f"in {r['elapsed_s']:.3f} s"
     )
+    ratio = r.get("vs_peer") or {}
+
+    def vs(key: str) -> str:
+        return f" ({ratio[key]:.2f}x the peer)" if key in ratio else ""
+
     print(
-        f"throughput: {r['requests_per_s']:.2f} requests/s, {r['output_tok_s']:,.1f} output tok/s, "
-        f"{r['total_tok_s']:,.1f} total tok/s"
+        f"workload: {r.get('workload')}; prefix cache hits {r['prefix_cache']['hit_rate']:.1%} of prompt tokens"
+    )
+    print(
+        f"throughput: {r['requests_per_s']:.2f} requests/s{vs('requests_per_s')}, {r['output_tok_s']:,.1f} output "
+        f"tok/s{vs('output_tok_s')}, {r['total_tok_s']:,.1f} total tok/s{vs('total_tok_s')}"
     )
     print(
         f"engine startup: {s.get('startup_wall_s')} s (load {s.get('load_time_s')} s, compile "
@@ -328,9 +407,9 @@ def print_report(result: dict[str, Any]) -> None:
                     if k.startswith("gaps")
                 )
             )
-    print(result["roofline"]["line"])
+    print(result["roofline"]["line"] if result["roofline"] else no_bound_line(result["device"]))
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    main()
+    exit_on_incomplete(main)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.gemm_shapes import groups
-from benchmarks.roofline import HARDWARE_CHOICES, hardware_for_device
+from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
 from jaxllm.kernels.int4_reference import dequantize_int4
 from jaxllm.kernels.w4a16_matmul import default_config, w4a16_matmul
@@ -218,7 +218,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-json", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
-    arch, hw = arch_for_model(args.model), hardware_for_device(args.hardware)
+    arch, hw = arch_for_model(args.model), kernel_hardware(args.hardware)
     copy_bps = copy_bandwidth(args.copy_mb, args.reps) if args.copy_mb > 0 else None
     print(f"device {jax.devices()[0].device_kind}; bound: {hw.name} at {hw.bandwidth / 1e12:.2f} TB/s"
           + (f"; measured copy {copy_bps / 1e12:.2f} TB/s" if copy_bps else ""), flush=True)  # fmt: skip

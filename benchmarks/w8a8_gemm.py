@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.gemm_shapes import groups
-from benchmarks.roofline import HARDWARE_CHOICES, hardware_for_device
+from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
 from jaxllm.layers.linear import dequantize, quantized_matmul
 from jaxllm.quantization.quantize import quantize_fp8, quantize_int8
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
                     f"rel err {row['max_rel_err_vs_dequantized']:.1e}",
                     flush=True,
                 )
-    hw = hardware_for_device(args.hardware)
+    hw = kernel_hardware(args.hardware)
     result = make_result(
         "w8a8_gemm", f"w8a8-gemm-{args.model}", args.model, vars(args), {"rows": rows},
         {"hardware": hw.name},

@@ -56,10 +56,7 @@ def test_throughput_part(suite):
     assert saved["benchmark"] == "throughput" and saved["model"] == "tiny-llama"
     assert (r["num_requests"], r["input_tokens"], r["output_tokens"]) == (6, 6 * 12, 6 * 4)  # ignore_eos
     assert r["output_tok_s"] == pytest.approx(24 / r["elapsed_s"], rel=1e-3)
-    roof = saved["roofline"]
-    assert roof["line"].startswith("roofline (H200)") and 0 < roof["achieved_share"] < 1  # no GPU: H200's
-    # 6 x 3 decode tokens in steps of at most max_num_seqs=4 sequences: ceil(18 / 4) = 5 steps
-    assert roof["output_tokens"] == 24 and roof["decode_steps"] == 5
+    assert saved["device"] == "cpu" and saved["roofline"] is None  # the CPU has no card's bound
     assert saved["startup"]["max_num_seqs"] == 4 and saved["startup"]["num_gpu_blocks"] >= 4
 
 

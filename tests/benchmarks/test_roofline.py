@@ -2,6 +2,7 @@
 
 import pytest
 
+from benchmarks import roofline
 from benchmarks.roofline import (
     Hardware,
     ModelShape,
@@ -86,17 +87,64 @@ def test_bad_inputs():
         Hardware("x", 0.0, 1.0)
 
 
-def test_hardware_follows_the_gpu_name(monkeypatch):
-    """auto: the peaks of the card nvidia-smi names; an unknown card or none: the H200's; a bad name fails."""
-    from benchmarks import roofline, workload
+def test_hardware_follows_the_device_kind(monkeypatch):
+    """auto: the peaks of the card JAX (or nvidia-smi) names; an unknown card or the CPU: none at all,
+    never another card's; an explicit choice wins; a bad one fails naming the flag."""
+    from benchmarks import roofline
 
-    for gpu, want in (("NVIDIA H100 80GB HBM3", roofline.H100), ("NVIDIA H200", roofline.H200),
-                      ("NVIDIA A10G", roofline.H200), (None, roofline.H200)):  # fmt: skip
-        monkeypatch.setattr(workload, "gpu_name", lambda gpu=gpu: gpu)
-        assert roofline.hardware_for_device("auto") is want, gpu
-    assert roofline.hardware_for_device("h100").bandwidth == 3.35e12
+    kinds = {
+        "NVIDIA H100 80GB HBM3": roofline.H100,  # JAX's device_kind on an H100 SXM
+        "NVIDIA H100": roofline.H100,
+        "NVIDIA H200": roofline.H200,
+        "nvidia h200  ": roofline.H200,
+        "NVIDIA H100 PCIe": None,  # 2.0 TB/s, other clocks: not the SXM board's peaks
+        "NVIDIA H100 NVL": None,
+        "NVIDIA H200 NVL": None,
+        "NVIDIA A100-SXM4-80GB": None,
+        "NVIDIA GH100": None,
+        "cpu": None,
+        "": None,
+    }
+    for kind, want in kinds.items():
+        assert roofline.hardware_for_kind(kind) is want, kind
+        assert roofline.hardware_for_device("auto", kind) is want, kind
+    assert roofline.hardware_for_device("h100", "cpu") is roofline.H100
+    # auto without a kind asks JAX: on this machine, the CPU, which has no bound.
+    assert roofline.jax_device_kind() == "cpu" and roofline.hardware_for_device("auto") is None
+    monkeypatch.setattr(roofline, "jax_device_kind", lambda: "NVIDIA H100 80GB HBM3")
+    assert roofline.hardware_for_device() is roofline.H100 and roofline.kernel_hardware() is roofline.H100
+    monkeypatch.setattr(roofline, "jax_device_kind", lambda: "NVIDIA L4")
+    assert roofline.kernel_hardware() is roofline.H200  # the sweeps' fallback, named H200 in their rows
     with pytest.raises(ValueError, match="--hardware"):
         roofline.hardware_for_device("a100")
+    assert "'cpu'" in roofline.no_bound_line("cpu") and "--hardware h100|h200" in roofline.no_bound_line(
+        "cpu"
+    )
+
+
+def test_the_bound_is_the_cards():
+    """Llama-3.1-8B, one decode step at batch 1: 15.01 GB at 3.35 TB/s (H100) or 4.3 TB/s (H200)."""
+    s = shape_for_model("llama-3.1-8b")
+    step_bytes = (8_030_261_248 - 128256 * 4096) * 2
+    assert decode_step_seconds(s, [0], roofline.H100) == pytest.approx(step_bytes / 3.35e12)
+    assert decode_step_seconds(s, [0], roofline.H200) == pytest.approx(step_bytes / 4.3e12)
+    b = offline_bound(s, [512], [2], max_batch=1, hw=roofline.H100)
+    assert b.hardware == "H100" and roofline_line(b, 1.0).startswith("roofline (H100)")
+
+
+def test_a_cached_prefix_is_not_prefilled():
+    # TOY, prompt 5 of which 3 cached: matmuls 2*48*2 = 192; pairs 15 - 6 = 9 -> attention 4*2*9 = 72.
+    assert prefill_flops(TOY, 5, cached_len=3) == 264
+    assert prefill_flops(TOY, 5, cached_len=0) == prefill_flops(TOY, 5) == 2 * 48 * 5 + 8 * 15
+    with pytest.raises(ValueError, match="cached_len"):
+        prefill_flops(TOY, 5, cached_len=6)
+    hw = Hardware("toy", bandwidth=10.0, matmul_flops=100.0)
+    plain = offline_bound(TOY, [5, 5], [2, 2], max_batch=2, hw=hw)
+    cached = offline_bound(TOY, [5, 5], [2, 2], max_batch=2, hw=hw, cached_lens=[0, 3])
+    assert plain.prefill_flops - cached.prefill_flops == prefill_flops(TOY, 5) - 264
+    assert cached.decode_bytes == plain.decode_bytes  # decode still reads the whole context's KV
+    with pytest.raises(ValueError, match="cached_lens"):
+        offline_bound(TOY, [5, 5], [2, 2], max_batch=2, hw=hw, cached_lens=[0])
 
 
 def test_moe_counts_all_experts_in_memory_and_the_active_ones_per_token():

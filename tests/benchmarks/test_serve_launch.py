@@ -13,6 +13,8 @@ import time
 import pytest
 
 from benchmarks import serve
+from benchmarks.finished import IncompleteRun
+from benchmarks.roofline import prefill_flops, shape_for_model
 from benchmarks.server_process import (
     cache_file_count,
     engine_startup_from_log,
@@ -121,6 +123,9 @@ def test_flag_value_and_cache_count(tmp_path):
     assert cache_file_count(str(tmp_path / "c")) == 3
 
 
+SHARED_FLAGS = ["--workload", "shared-prefix", "--prefix-len", "16", "--input-len", "6", "--output-len", "2"]
+
+
 def test_levels_get_distinct_requests(tmp_path):
     args = serve.make_parser().parse_args(
         ["--sweep-concurrency", "1,4", "--sweep-num-prompts", "3,5", "--input-len", "6", "--output-len", "2"]
@@ -128,6 +133,11 @@ def test_levels_get_distinct_requests(tmp_path):
     levels, counts = serve.level_sizes(args)
     assert (levels, counts) == ([1, 4], [3, 5])
     parts = serve.make_requests(args, 1000, [1, 2, *counts])
+    shared = serve.make_parser().parse_args([*SHARED_FLAGS])
+    levels = serve.make_requests(shared, 50_000, [1, 3])
+    assert [len(p) for p in levels] == [2, 4]  # each with its primer
+    assert {tuple(r.prompt[:16]) for r in levels[1]} != {tuple(r.prompt[:16]) for r in levels[0]}
+    assert len({tuple(r.prompt[:16]) for r in levels[1]}) == 1 and all(r.input_len == 22 for r in levels[1])
     assert [len(p) for p in parts] == [1, 2, 3, 5]
     prompts = [tuple(r.prompt) for p in parts for r in p]
     assert len(set(prompts)) == 11 and all(len(p) == 6 for p in prompts)  # nothing shared: no prefix hits
@@ -157,15 +167,37 @@ def test_level_cut_at_the_deadline(tokenizer_dir, tmp_path):
         # One untimed run first compiles what the level needs, so that on a busy machine the deadline
         # still falls inside the level (5,000 requests take far longer than 5 s), not before it starts.
         serve.main([*argv, "--num-prompts", "2", "--no-save"])
+        # Shared prefix: after the untimed primer each request finds the 32-token system prompt (2 blocks
+        # of 16) cached, and the H100's bound leaves its prefill out.
+        shared = [
+            "--workload",
+            "shared-prefix",
+            "--prefix-len",
+            "32",
+            "--num-prompts",
+            "3",
+            "--hardware",
+            "h100",
+        ]
+        r = serve.main([*argv, *shared, "--no-save"])
+        assert r["results"]["completed"] == 3 and r["results"]["prefix_cache_hit_rate"] == 32 / 40
+        shape = shape_for_model("tiny-llama")
+        assert r["roofline"]["hardware"] == "H100"
+        assert r["roofline"]["prefill_flops"] == 3 * prefill_flops(shape, 40, cached_len=32)
+        assert r["workload"] == "shared-prefix 32+8->4"
         argv += ["--sweep-concurrency", "1,2", "--sweep-num-prompts", "5000,4", "--output-json", str(out)]
         t0 = time.time()
-        result = serve.main([*argv, "--sweep-deadline", str(t0 + 5.0)])
+        # A level whose requests did not all finish keeps its counts and no figures; the run fails.
+        with pytest.raises(IncompleteRun, match="concurrency 1") as e:
+            serve.main([*argv, "--sweep-deadline", str(t0 + 5.0)])
         assert time.time() - t0 < 60
+        assert e.value.total == 5000 and 0 < e.value.finished < 5000 and e.value.errors == [serve.CUT]
+        result = json.loads(out.read_text())
         (row,) = result["results"]["sweep"]  # the second level never started
-        assert row["cut"] and row["concurrency"] == 1 and 0 < row["completed"] < 5000
+        assert row["cut"] and row["concurrency"] == 1 and row["completed"] == e.value.finished
         assert row["completed"] + row["failed"] == 5000
-        assert result["results"]["runs"][0]["errors"] == [serve.CUT]
-        assert json.loads(out.read_text())["results"]["sweep"] == [row]
+        assert row["output_throughput"] is None and row["median_tpot_ms"] is None
+        assert result["results"]["runs"][0]["errors"] == [serve.CUT] and result["roofline"] is None
         with pytest.raises(RuntimeError, match="no level ran"):
             serve.main([*argv, "--sweep-deadline", str(time.time() - 1), "--no-save"])
     finally:

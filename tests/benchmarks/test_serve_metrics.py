@@ -21,18 +21,33 @@ TIMINGS = [
     RequestTiming(True, prompt_len=20, output_tokens=3, ttft=0.3, latency=0.5, itl=[0.05, 0.15]),
     # one token only: no TPOT
     RequestTiming(True, prompt_len=10, output_tokens=1, ttft=0.2, latency=0.2),
-    RequestTiming(False, prompt_len=10, error="HTTP 500"),
 ]
+FAILED = RequestTiming(False, prompt_len=10, error="HTTP 500")
 
 
 def test_throughputs_and_counts():
     m = serving_metrics(TIMINGS, duration_s=2.0)
-    assert (m["completed"], m["failed"]) == (3, 1)
+    assert (m["completed"], m["failed"]) == (3, 0) and "incomplete" not in m
     assert m["total_input_tokens"] == 40 and m["total_output_tokens"] == 9
     assert m["request_throughput"] == pytest.approx(1.5)
     assert m["output_throughput"] == pytest.approx(4.5)
     assert m["total_token_throughput"] == pytest.approx(24.5)
     assert "request_goodput" not in m
+
+
+def test_a_run_with_a_failed_request_has_counts_and_no_figures():
+    m = serving_metrics([*TIMINGS, FAILED], duration_s=2.0, goodput_ms={"ttft": 250})
+    assert m == {"completed": 3, "failed": 1, "duration_s": 2.0, "incomplete": True}
+    row = sweep_row(4, m, None, cut=True)
+    assert (row["num_prompts"], row["completed"], row["output_throughput"], row["median_tpot_ms"]) == (
+        4,
+        3,
+        None,
+        None,
+    )
+    assert sweep_table([row]).splitlines()[2] == (
+        "| 4 | 3/4 (cut) | incomplete | incomplete | incomplete | incomplete | incomplete | incomplete | n/a |"
+    )
 
 
 def test_percentiles():
@@ -54,7 +69,7 @@ def test_goodput():
     m = serving_metrics(TIMINGS, 2.0, parse_goodput(["ttft:250", "tpot:50"]))
     assert m["good_requests"] == 1  # only the 1-token request (no TPOT) is within both
     assert m["request_goodput"] == pytest.approx(0.5)
-    assert serving_metrics(TIMINGS, 2.0, {"e2el": 500})["good_requests"] == 3  # the failed one never counts
+    assert serving_metrics(TIMINGS, 2.0, {"e2el": 500})["good_requests"] == 3
 
 
 def test_parse_goodput_errors():
@@ -66,7 +81,7 @@ def test_parse_goodput_errors():
 
 def test_no_successes():
     m = serving_metrics([RequestTiming(False)], 1.0)
-    assert m["completed"] == 0 and m["mean_ttft_ms"] == 0.0
+    assert m["completed"] == 0 and m["incomplete"] and "mean_ttft_ms" not in m
 
 
 def test_arrivals():
@@ -87,7 +102,7 @@ def test_model_from_launch():
 def test_sweep_row_and_table():
     m = serving_metrics(TIMINGS, duration_s=2.0)
     row = sweep_row(8, m, None, cut=False)
-    assert (row["concurrency"], row["num_prompts"], row["completed"], row["failed"]) == (8, 4, 3, 1)
+    assert (row["concurrency"], row["num_prompts"], row["completed"], row["failed"]) == (8, 3, 3, 0)
     assert row["median_ttft_ms"] == pytest.approx(200.0) and row["p99_ttft_ms"] == pytest.approx(298.0)
     assert row["median_tpot_ms"] == pytest.approx(100.0) and row["mean_e2el_ms"] == pytest.approx(400.0)
     assert row["output_throughput"] == pytest.approx(4.5) and row["request_throughput"] == pytest.approx(1.5)
@@ -96,10 +111,10 @@ def test_sweep_row_and_table():
     assert len(lines) == 4 and lines[0].count("|") == lines[2].count("|") == 10
     # TTFT 200/200/298, TPOT 100/100/100, ITL 100/100/147.5, E2E 500/400/500 (median/mean/p99)
     assert lines[2] == (
-        "| 8 | 3/4 | 200.00 / 200.00 / 298.00 | 100.00 / 100.00 / 100.00 | 100.00 / 100.00 / 147.50 | "
+        "| 8 | 3/3 | 200.00 / 200.00 / 298.00 | 100.00 / 100.00 / 100.00 | 100.00 / 100.00 / 147.50 | "
         "500.00 / 400.00 / 500.00 | 4.5 | 1.50 | n/a |"
     )
-    assert lines[3].startswith("| 32 | 3/4 (cut) |") and lines[3].endswith("| 87% |")
+    assert lines[3].startswith("| 32 | 3/3 (cut) |") and lines[3].endswith("| 87% |")
 
 
 def test_targets():
