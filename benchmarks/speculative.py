@@ -6,12 +6,14 @@
 Two workloads, each run by a plain engine and then by one with --speculative-config:
   grounded: chat requests that repeat, correct or rewrite a passage given in the prompt (the passages are
             written out below: nothing is downloaded), the input-grounded work prompt lookup is for;
-  random:   prompts of random token ids answered with `--max-tokens` tokens (ignore_eos): little to copy,
-            where speculation must switch itself off (target: at least 0.95x).
+  random:   prompts of random token ids answered with `--max-tokens` sampled tokens (temperature 1,
+            seeded; ignore_eos): little to copy, where speculation must switch itself off (target: at
+            least 0.95x). Greedy decoding would not do: a small model's greedy answer to noise falls into
+            a loop, which prompt lookup predicts well.
 Requests go `--concurrency` at a time (1: one stream, the latency-bound case speculation is for). Output
 tok/s = output tokens / wall time of the workload; the ratio spec / plain is the figure (target: 1.5x on
-grounded at concurrency 1). Greedy outputs must be the same tokens in both runs (checked and reported),
-so the speed-up is never bought with different text. Acceptance comes from the engine's counters.
+grounded at concurrency 1). Greedy and seeded outputs must be the same tokens in both runs (checked and
+reported), so the speed-up is never bought with different text. Acceptance comes from the engine's counters.
 
 The proposals' value depends on the model copying its context: a checkpoint with random weights
 (--load-format dummy) does not, so a real model is needed (default: the embedded SmolLM2-135M-Instruct).
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.finished import exit_on_incomplete, require_all_finished
 from benchmarks.workload import make_result, save_result
 
 PASSAGES = [
@@ -80,6 +83,11 @@ def run_engine(engine_kw: dict, prompts: list[list[int]], params, concurrency: i
     for i in range(0, len(prompts), concurrency):
         outputs += llm.generate(None, params, prompt_token_ids=prompts[i : i + concurrency], use_tqdm=False)
     wall = time.perf_counter() - t0
+    require_all_finished(
+        f"speculative_config={engine_kw.get('speculative_config')}",
+        sum(o.finished for o in outputs),
+        len(prompts),
+    )
     after = llm.llm_engine.get_stats()
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     drafts = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
@@ -160,13 +168,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
         elif name == "random":
             prompts = random_prompts(vocab, args.num_prompts, args.random_prompt_len, seed=0)
-            params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+            params = SamplingParams(temperature=1.0, seed=0, max_tokens=args.max_tokens, ignore_eos=True)
         else:
             raise SystemExit(f"--workloads: unknown workload {name!r} (grounded, random)")
         rows.append(compare(name, engine_kw, spec, prompts, params, args.concurrency))
     result = make_result(
         "speculative", f"speculative-c{args.concurrency}", args.model, vars(args), {"workloads": rows}, None,
-        device_kind=device, speculative_config=spec,
+        device=device, speculative_config=spec,
     )  # fmt: skip
     path = save_result(result, args.output_json)
     print(f"saved {path}")
@@ -174,4 +182,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_incomplete(main)

@@ -406,6 +406,7 @@ class Scheduler:
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Take a running request off the device: to host memory if there is room, else to recompute."""
         self.running.remove(request)
+        request.spec_token_ids = []  # made for the tokens it had; it proposes again when it runs
         num_blocks = cdiv(request.num_computed_tokens, self.block_size)
         if 0 < num_blocks <= len(self._free_cpu_blocks):
             device_ids = self.kv.get_block_ids(request)[:num_blocks]
