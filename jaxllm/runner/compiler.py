@@ -84,8 +84,12 @@ class StepCompiler:
         self.model_steps = {tier: step_jit(compiler_options=tier_options(tier)) for tier in STEP_TIERS}
         self.sample_jit = jax.jit(sample_fn, static_argnames=("flags",))
         self.prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
-        # The sampler over every row of a step (speculative decoding's verification): no padded ids.
-        self.sample_rows_jit = jax.jit(sample, static_argnames=("flags",))
+        # The sampler over every row of a step (speculative decoding's verification): no padded ids. Its own
+        # function, so that jit's cache counts this runner's variants only (num_compiled).
+        def sample_rows(logits, md, *, flags):
+            return sample(logits, md, flags=flags)
+
+        self.sample_rows_jit = jax.jit(sample_rows, static_argnames=("flags",))
         self.ahead_all_logits: dict = {}  # bucket shape -> model step executable (logits of every row)
         self.ahead_sample_rows: dict = {}  # (T, flags) -> sample_rows executable
         self.ahead_model: dict = {}  # bucket shape -> model step executable (logits of the sampled rows)

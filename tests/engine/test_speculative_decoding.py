@@ -7,6 +7,7 @@ proposals were really made and accepted. Plain decoding is itself checked agains
 import pytest
 
 from jaxllm import LLM, SamplingParams
+from jaxllm.sampling_params import StructuredOutputsParams
 
 MAX_MODEL_LEN = 512
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -31,6 +32,7 @@ def workload(tokenizer):
         chat(tokenizer, f"Rewrite in the past tense: {PASSAGE}"),
         chat(tokenizer, f"Repeat this sentence word for word: {PASSAGE}"),
         chat(tokenizer, f"Quote the passage: {PASSAGE}"),
+        chat(tokenizer, f"Where does the river reach the sea? {PASSAGE}"),
     ]
     stop = tokenizer.encode(" birds", add_special_tokens=False)[0]
     params = [
@@ -40,6 +42,12 @@ def workload(tokenizer):
         SamplingParams(temperature=1.0, top_k=20, seed=5, n=2, max_tokens=36),
         SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=1.3),  # ineligible
         SamplingParams(temperature=0.0, max_tokens=48, stop_token_ids=[stop]),
+        SamplingParams(  # token rules: ineligible, its mask filled in the verification steps' sampler
+            temperature=0.7,
+            seed=2,
+            max_tokens=20,
+            structured_outputs=StructuredOutputsParams(regex="(At|In) the (estuary|hills)[a-z ]{0,40}"),
+        ),
     ]
     return prompts, params
 
@@ -76,7 +84,7 @@ def test_same_outputs_with_and_without_speculation(jax_cache_dir, plain):
     assert stats.spec_decode_num_drafts > 10, stats
     assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
     per_request = [o.metrics.spec_num_accepted_tokens for o in got]
-    assert per_request[0] > 0 and per_request[4] == 0  # the penalty request got no proposals
+    assert per_request[0] > 0 and per_request[4] == per_request[6] == 0  # penalties, token rules: none
     assert stats.generation_tokens == ref_stats.generation_tokens
 
 
