@@ -36,6 +36,7 @@ from jaxllm.runner import compilation_cache, executable_cache
 from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.kv_cache import kv_page_dtype
 from jaxllm.runner.model_runner import ModelRunner
+from jaxllm.spec_decode.speculator import max_verification_tokens
 from jaxllm.structured_output.grammar import GrammarCompiler
 
 logger = logging.getLogger("jaxllm")
@@ -115,11 +116,9 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
         with tp.context():
             compile_time_s = runner.compile_all()
         spec = config.speculative
-        if spec is not None:  # the steps that verify proposals: up to every sequence with all of them
+        if spec is not None:  # the steps that verify proposals (jaxllm/spec_decode/speculator.py)
             sched_cfg = config.scheduler
-            most = min(
-                sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs * (1 + spec.num_speculative_tokens)
-            )
+            most = max_verification_tokens(spec, sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
             with tp.context():
                 compile_time_s += runner.compile_verification_ahead(most)
     if config.runner.compile_research:

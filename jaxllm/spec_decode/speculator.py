@@ -9,6 +9,12 @@ gives it at every proposed position: no penalties (they read the whole history),
 grammar or bad words would have to advance through each proposal), no research (captures and edits are
 per step). Others decode one token per step in the same batches.
 
+Batch size: proposals pay where a step is bound by reading the weights, which a few more tokens per
+sequence do not change; in a large batch the step's tokens reach the GEMMs' compute bound, and the
+all-rows logits of a verification step grow with them. So no request gets proposals while more run than
+`max_speculating_requests` (at most VERIFY_TOKENS tokens per verification step, and the config's
+`disable_by_batch_size`), and such steps overlap as without speculation.
+
 Switching itself off: a step that verifies proposals cannot be scheduled while the step before it runs
 (its proposals read that step's tokens), so speculation costs the overlap of host and device work, and
 a verified proposal costs a position of the forward pass. A request that, after SWITCH_OFF_AFTER
@@ -19,14 +25,27 @@ eligible, the engine overlaps steps again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from jaxllm.config import SpeculativeConfig
 from jaxllm.request import Request
 from jaxllm.spec_decode.ngram import TokenHistory, propose_ngram
 
 SWITCH_OFF_AFTER = 16  # decoding steps a request speculates before its gain is judged
 MIN_GAIN_PER_STEP = 0.25  # accepted tokens per decoding step below which it stops
+VERIFY_TOKENS = 256  # the most tokens of a step that verifies proposals (its all-rows logits: [T, V])
+
+
+def max_speculating_requests(config: SpeculativeConfig) -> int:
+    """The most running requests with which proposals are still made."""
+    most = max(1, VERIFY_TOKENS // (1 + config.num_speculative_tokens))
+    if config.disable_by_batch_size is not None:
+        most = min(most, config.disable_by_batch_size - 1)
+    return most
+
+
+def max_verification_tokens(config: SpeculativeConfig, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """The most tokens a step that verifies proposals can hold (what is compiled ahead for them)."""
+    seqs = min(max_num_seqs, max_speculating_requests(config))
+    return max(1, min(max_num_batched_tokens, seqs * (1 + config.num_speculative_tokens)))
 
 
 def eligible(request: Request) -> bool:
@@ -46,12 +65,15 @@ class _RequestSpeculation:
 class Speculator:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
+        self.max_requests = max_speculating_requests(config)
         self._states: dict[str, _RequestSpeculation] = {}
 
-    def speculating(self, requests: Iterable[Request]) -> bool:
-        """Whether any of the requests would get proposals (the engine then schedules one step at a time)."""
+    def speculating(self, running: list[Request]) -> bool:
+        """Whether any running request would get proposals (the engine then schedules one step at a time)."""
+        if len(running) > self.max_requests:
+            return False
         states = self._states
-        for r in requests:
+        for r in running:
             if eligible(r):
                 st = states.get(r.request_id)
                 if st is None or st.on:
@@ -59,13 +81,14 @@ class Speculator:
         return False
 
     def propose(self, running: list[Request]) -> int:
-        """Set the proposals of each eligible decoding request (none while `disable_by_batch_size` or more
-        run); returns how many requests got some. States of requests no longer running are dropped."""
+        """Set the proposals of each eligible decoding request (none while more than `max_requests` run);
+        returns how many requests got some. States of requests no longer running are dropped."""
         cfg = self.config
         old, states = self._states, {}
         self._states = states
-        limit = cfg.disable_by_batch_size
-        if limit is not None and len(running) >= limit:
+        for r in running:  # proposals are for the coming step only
+            r.spec_token_ids = []
+        if len(running) > self.max_requests:
             return 0
         n = 0
         for r in running:
