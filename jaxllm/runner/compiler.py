@@ -84,6 +84,7 @@ class StepCompiler:
         self.model_steps = {tier: step_jit(compiler_options=tier_options(tier)) for tier in STEP_TIERS}
         self.sample_jit = jax.jit(sample_fn, static_argnames=("flags",))
         self.prompt_logprobs = jax.jit(compute_prompt_logprobs, static_argnames=("num_logprobs",))
+
         # The sampler over every row of a step (speculative decoding's verification): no padded ids. Its own
         # function, so that jit's cache counts this runner's variants only (num_compiled).
         def sample_rows(logits, md, *, flags):
