@@ -75,13 +75,26 @@ def generation_config(max_new: int, temperature: float):
     )
 
 
+def cpu_cache_config(prompts: list[list[int]], max_new: int):
+    """On the host, a KV cache of the blocks the prompts need: left to itself, generate_batch sizes its cache
+    by the machine's whole memory (90% of it), which the OOM killer ends on a busy machine."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    page = 256
+    blocks = sum(-(-(len(p) + max_new) // page) for p in prompts) + len(prompts)
+    return ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=min(2048, blocks * page))
+
+
 def continuous(model, prompts: list[list[int]], gen) -> dict[str, Any]:
     """generate_batch over every prompt: tokens, finished count, first errors, wall and generation span."""
     import torch
 
     kwargs: dict[str, Any] = {}
-    if "progress_bar" in inspect.signature(model.generate_batch).parameters:
+    accepted = inspect.signature(model.generate_batch).parameters
+    if "progress_bar" in accepted:
         kwargs["progress_bar"] = False
+    if "continuous_batching_config" in accepted and next(model.parameters()).device.type == "cpu":
+        kwargs["continuous_batching_config"] = cpu_cache_config(prompts, gen.max_new_tokens)
     t0 = time.perf_counter()
     with torch.no_grad():  # not inference_mode: see the module docstring
         outs = model.generate_batch(inputs=prompts, generation_config=gen, **kwargs)
