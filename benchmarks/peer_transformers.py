@@ -82,7 +82,9 @@ def cpu_cache_config(prompts: list[list[int]], max_new: int):
 
     page = 256
     blocks = sum(-(-(len(p) + max_new) // page) for p in prompts) + len(prompts)
-    return ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=min(2048, blocks * page))
+    return ContinuousBatchingConfig(
+        page_size=page, num_blocks=blocks, max_batch_tokens=min(2048, blocks * page)
+    )
 
 
 def continuous(model, prompts: list[list[int]], gen) -> dict[str, Any]:

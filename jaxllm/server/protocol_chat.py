@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from jaxllm.server.protocol_common import (
     FieldError,
@@ -26,7 +26,29 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MEDIA_PART_TYPES = ("image_url", "input_audio", "file", "audio_url", "video_url", "input_image")
 
 
+def _one_of(*variants: dict):
+    """json_schema_extra that adds `variants` as the object's oneOf: what the validators below check,
+    said in /openapi.json too, so a client generated from it (or a fuzzer) builds valid objects."""
+
+    def extra(schema: dict) -> None:
+        schema["oneOf"] = list(variants)
+
+    return extra
+
+
+_NOT_NULL = {"not": {"type": "null"}}
+
+
 class ContentPart(RequestModel):
+    model_config = ConfigDict(
+        json_schema_extra=_one_of(
+            {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["text"]},
+            {
+                "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+                "required": ["refusal"],
+            },
+        )
+    )
     type: str
     text: str | None = None
     refusal: str | None = None  # an assistant message's refusal part
@@ -58,6 +80,28 @@ class ToolCall(RequestModel):
 
 
 class ChatMessage(RequestModel):
+    model_config = ConfigDict(
+        json_schema_extra=_one_of(
+            {
+                "properties": {
+                    "role": {"enum": ["system", "developer", "user"]},
+                    "content": _NOT_NULL,
+                    "tool_calls": {"type": "null"},
+                },
+                "required": ["content"],
+            },
+            {
+                "properties": {
+                    "role": {"const": "tool"},
+                    "content": _NOT_NULL,
+                    "tool_calls": {"type": "null"},
+                    "tool_call_id": {"type": "string"},
+                },
+                "required": ["content", "tool_call_id"],
+            },
+            {"properties": {"role": {"const": "assistant"}}},
+        )
+    )
     unserved: ClassVar = {
         "audio": ("audio output is not served", ()),
         "function_call": ("the legacy function_call is not served; use tool_calls", ()),
