@@ -229,15 +229,6 @@ class StepCompiler:
             packed = sds((packed_size(*shape),), jnp.int32)
             return self._compile_model_step(shape, (params, kv_caches, packed, prev), all_logits=True)
 
-        def sampler(logits, flags):
-            smd = jax.tree.map(
-                lambda x: sds(x.shape, x.dtype), self.empty_sampling_metadata(logits.shape[0], flags)
-            )
-            desc = f"sample_rows flags={flags} args={describe_args((logits, smd))}"
-            return self.executables.get_or_compile(
-                desc, lambda: self.sample_rows_jit.lower(logits, smd, flags=flags).compile()
-            )
-
         with ThreadPoolExecutor(
             workers or min(32, os.cpu_count() or 4), thread_name_prefix="jaxllm-compile"
         ) as pool:
@@ -248,7 +239,9 @@ class StepCompiler:
                 for flags in flags_at_start:
                     key = (shape[0], flags)
                     if key not in samplers:
-                        samplers[key] = pool.submit(sampler, sds(info.shape, info.dtype), flags)
+                        samplers[key] = pool.submit(
+                            self._compile_sampler, sds(info.shape, info.dtype), flags, True
+                        )
             self.ahead_all_logits.update({shape: f.result() for shape, f in models.items()})
             self.ahead_sample_rows.update({key: f.result() for key, f in samplers.items()})
         return time.perf_counter() - t0
@@ -336,24 +329,30 @@ class StepCompiler:
         compile_fn = lambda: self.step_jit(shape).lower(*args, shape=shape, all_logits=all_logits).compile()  # noqa: E731
         return self.executables.get_or_compile(desc, compile_fn)
 
-    def _sampler_description(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags) -> str:
+    def _sampler_description(
+        self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags, all_rows: bool = False
+    ) -> str:
         smd = self.empty_sampling_metadata(logits.shape[0], flags)
+        if all_rows:
+            return f"sample_rows flags={flags} args={describe_args((logits, smd))}"
         return f"sampler flags={flags} ids_width={self.ids_width} args={describe_args((logits, smd))}"
 
-    def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
-        """The sampler variant `flags` for logits of this shape, compiled ahead (or loaded)."""
+    def _compile_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags, all_rows: bool = False):
+        """The sampler variant `flags` for logits of this shape, compiled ahead (or loaded); `all_rows`:
+        sample_rows (verification steps), else the runner's sampler."""
         return self.executables.get_or_compile(
-            self._sampler_description(logits, flags),
-            lambda: self._compile_lowered(self._lower_sampler(logits, flags), flags),
+            self._sampler_description(logits, flags, all_rows),
+            lambda: self._compile_lowered(self._lower_sampler(logits, flags, all_rows), flags),
         )
 
-    def _lower_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags):
+    def _lower_sampler(self, logits: jax.ShapeDtypeStruct, flags: SamplerFlags, all_rows: bool = False):
         """The sampler variant `flags` traced and lowered for logits of this shape (Python: holds the GIL)."""
         smd = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
             self.empty_sampling_metadata(logits.shape[0], flags),
         )
-        return self.sample_jit.lower(logits, smd, flags=flags)
+        jitted = self.sample_rows_jit if all_rows else self.sample_jit
+        return jitted.lower(logits, smd, flags=flags)
 
     @staticmethod
     def _compile_lowered(lowered, flags: SamplerFlags):

@@ -96,9 +96,9 @@ def test_background_threads_only_compile(tiny_llama_dir, jax_cache_dir, monkeypa
     traced_on = []
     lower_sampler = StepCompiler._lower_sampler
 
-    def recording(self, logits, flags):
+    def recording(self, logits, flags, *rest):
         traced_on.append((threading.current_thread().name, flags.needed_at_start))
-        return lower_sampler(self, logits, flags)
+        return lower_sampler(self, logits, flags, *rest)
 
     monkeypatch.setattr(StepCompiler, "_lower_sampler", recording)
     llm = _llm(tiny_llama_dir, jax_cache_dir, compile_ahead=True)
