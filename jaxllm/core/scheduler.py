@@ -143,8 +143,10 @@ class Scheduler:
 
         # 1. Running requests: decodes (one remaining token) before prompt chunks; sort is stable.
         running = RequestStatus.RUNNING
-        speculate = not self.waiting and not any(_more_than_one_uncomputed(r) for r in self.running)
-        for request in sorted(self.running, key=_more_than_one_uncomputed):
+        ordered = sorted(self.running, key=_more_than_one_uncomputed)
+        # proposals only in a step of decodes alone: nothing waits, and the last in order is a decode too
+        speculate = not self.waiting and not (ordered and _more_than_one_uncomputed(ordered[-1]))
+        for request in ordered:
             if budget == 0:
                 break
             if request.status != running:  # preempted earlier in this loop

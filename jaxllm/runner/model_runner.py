@@ -521,7 +521,7 @@ class ModelRunner:
                 r0, tokens = i, [ids[i]]
             else:
                 r0, k = verify_rows[i], len(sr.spec_token_ids)
-                tokens = accepted_tokens(sr.spec_token_ids, ids[r0 : r0 + k + 1]) if k else [ids[r0]]
+                tokens = accepted_tokens(sr.spec_token_ids, ids[r0 : r0 + k + 1])
             sampled_token_ids.append(tokens)
             # A state dropped meanwhile (finished, preempted) is no longer reachable: appending is harmless.
             st.output_token_ids.extend(tokens)

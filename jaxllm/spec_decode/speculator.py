@@ -86,9 +86,7 @@ class Speculator:
         cfg = self.config
         old, states = self._states, {}
         self._states = states
-        for r in running:  # proposals are for the coming step only
-            r.spec_token_ids = []
-        if len(running) > self.max_requests:
+        if len(running) > self.max_requests:  # (each schedule() drops the proposals it was given)
             return 0
         n = 0
         for r in running:

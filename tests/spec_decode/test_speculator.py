@@ -54,6 +54,7 @@ def test_a_request_that_gains_too_little_is_switched_off():
     r = decoding("a", [1, 2, 3, 1, 2], [3])
     for step in range(SWITCH_OFF_AFTER):
         assert s.propose([r]) == 1, step
+        r.spec_token_ids = []  # consumed by the scheduler's step
         r.spec_num_draft_tokens += 3  # every proposal rejected
     assert s.speculating([r])
     assert s.propose([r]) == 0 and r.spec_token_ids == []
