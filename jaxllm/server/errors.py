@@ -20,7 +20,17 @@ _TYPES = {
     500: "internal_server_error",
     503: "service_unavailable",
 }
-_FIELD_RE = re.compile(r"^(\w+)=")
+# "temperature=..." -> ("temperature", "="); "steer.vector: ..." -> ("steer.vector", ": ")
+_FIELD_RE = re.compile(r"^([\w.]+)(:\s*|=)")
+
+
+def split_field(msg: str) -> tuple[str, str]:
+    """A ValueError's message that starts by naming its field -> (the field, the rest); ("", msg) if it
+    names none. A `field=value ...` message is kept whole: the value is part of what it says."""
+    m = _FIELD_RE.match(msg)
+    if m is None:
+        return "", msg
+    return m.group(1), msg if m.group(2) == "=" else msg[m.end() :]
 
 
 class APIError(Exception):
@@ -43,10 +53,10 @@ class APIError(Exception):
 
 
 def from_value_error(exc: ValueError, status: int = 400) -> APIError:
-    """A `ValueError` whose message starts with `field=...` (SamplingParams, the engine) names its param."""
+    """A `ValueError` whose message starts with `field=...` or `field: ...` (SamplingParams, the engine)
+    names its param."""
     msg = str(exc)
-    m = _FIELD_RE.match(msg)
-    return APIError(msg, status=status, param=m.group(1) if m else None)
+    return APIError(msg, status=status, param=split_field(msg)[0] or None)
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:

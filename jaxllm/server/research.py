@@ -14,30 +14,17 @@ as capture_positions selects them) x samples x, per site, the hidden size times 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from jaxllm.outputs import Captures
 from jaxllm.research_params import ResearchParams
 from jaxllm.research_wire import encode_captures
-from jaxllm.server.errors import APIError
+from jaxllm.server.errors import APIError, split_field
 
 DEFAULT_MAX_CAPTURE_BYTES = 64 << 20
 DEFAULT_MAX_SITES = 32
 DEFAULT_MAX_STEERS = 8
 LOGITS_ITEMSIZE = 4  # logits are captured in f32 whatever the model's dtype
-
-# "steer.vector: ..." -> ("steer.vector", ": "); "capture_positions='x' must ..." -> ("capture_positions", "=")
-_ENGINE_FIELD = re.compile(r"^([\w.]+)(:\s*|=)")
-
-
-def split_field(msg: str) -> tuple[str, str]:
-    """A ResearchParams/Steer ValueError's message -> (the field it names, the rest); ("", msg) if none.
-    A `field=value ...` message is kept whole: the value is part of what it says."""
-    m = _ENGINE_FIELD.match(msg)
-    if m is None:
-        return "", msg
-    return m.group(1), msg if m.group(2) == "=" else msg[m.end() :]
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,3 +214,20 @@ def test_engine_unavailable_is_503(client, engine, monkeypatch):
     monkeypatch.setattr(engine, "generate", stopping)
     e = _err(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}), 503)
     assert "shutting down" in e["message"]
+
+
+@pytest.mark.parametrize(
+    "message,param",
+    [
+        ("temperature=1e+308 must be at most 100", "temperature"),
+        ("research: not served under tensor parallelism or across hosts", "research"),  # the engine's
+        ("scale.head=40: the model has query heads 0..31", "scale.head"),
+        ("prompt: this model has no tokenizer; pass token ids instead of text", "prompt"),
+        ("prompt token ids [9, 10] are outside the vocabulary [0, 8)", None),
+    ],
+)
+def test_an_engine_value_error_names_the_field_its_message_starts_with(message, param):
+    from jaxllm.server.errors import from_value_error
+
+    e = from_value_error(ValueError(message))
+    assert (e.status, e.param, e.message) == (400, param, message)
