@@ -20,8 +20,9 @@ step and the sampler variants needed at start over its T rows, compiled before r
 
 With research compiled ahead (`compile_research_later`, the server's --enable-research-api), each bucket's
 model step is also traced before ready with the smallest research inputs (runner/research_batch.py's
-floors: the captures and edits of a batch of decoding requests) and compiled in the background like the
-later sampler variants; steps whose research needs larger slots compile theirs through jit on first use.
+floors: the captures and edits of a batch of decoding requests), and again capturing every row of the
+bucket (a prompt chunk that captures its positions), and compiled in the background like the later
+sampler variants; steps whose research needs more slots compile theirs through jit on first use.
 """
 
 from __future__ import annotations
@@ -246,15 +247,24 @@ class StepCompiler:
             self.ahead_sample_rows.update({key: f.result() for key, f in samplers.items()})
         return time.perf_counter() - t0
 
-    def compile_research_later(self, params, kv_caches, research_inputs: Callable[[int], object]) -> None:
-        """Trace each bucket's model step with research (`research_inputs(T)`: the smallest ResearchInputs
-        of a T-token step) now, and compile them on background threads (research_step waits for one still
-        compiling). Steps with research then compile nothing while their slots fit those floors."""
+    def compile_research_later(
+        self, params, kv_caches, research_inputs: Callable[[int, bool], object]
+    ) -> None:
+        """Trace each bucket's model steps with research (`research_inputs(T, all_rows)`: the smallest
+        ResearchInputs of a T-token step, capturing up to 32 rows or all T) now, and compile them on
+        background threads (research_step waits for one still compiling). Steps with research then compile
+        nothing while their slots fit those floors."""
         sds = jax.ShapeDtypeStruct
         prev = sds((self.ids_width,), jnp.int32)
         todo = {}
+        variants = []
         for shape in self.plan.all_shapes():
-            ri = jax.tree.map(lambda x: sds(x.shape, x.dtype), research_inputs(shape[0]))
+            variants.append((shape, research_inputs(shape[0], False)))
+            every_row = research_inputs(shape[0], True)
+            if research_dims(every_row) != research_dims(variants[-1][1]):  # T above the 32-row floor
+                variants.append((shape, every_row))
+        for shape, inputs in variants:
+            ri = jax.tree.map(lambda x: sds(x.shape, x.dtype), inputs)
             args = (params, kv_caches, sds((packed_size(*shape),), jnp.int32), prev, ri)
             tier = step_tier(shape[0])
             desc = (

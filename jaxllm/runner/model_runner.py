@@ -290,7 +290,7 @@ class ModelRunner:
         self.compiler.compile_research_later(
             self.params,
             self.kv_caches,
-            lambda t: smallest_research_inputs(t, self.hidden_size),
+            lambda t, all_rows: smallest_research_inputs(t, self.hidden_size, all_rows),
         )
 
     def _warm_sequentially(self) -> None:
@@ -501,7 +501,13 @@ class ModelRunner:
         them to the requests' states."""
         out = step.out
         if step.research is not None:
-            caps, cap_logits = jax.device_get(step.captures)
+            caps, cap_logits = step.captures
+            n = step.research.rows_to_read
+            if n < caps.shape[1]:  # R = T: read back the captured rows, not every row of the step
+                caps = caps[:, :n]
+                if cap_logits is not None:
+                    cap_logits = cap_logits[:n]
+            caps, cap_logits = jax.device_get((caps, cap_logits))
             out.captures = step.research.split(np.asarray(caps), cap_logits)
         if not step.samples:
             return out

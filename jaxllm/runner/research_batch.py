@@ -6,20 +6,24 @@ captured arrays the step returns -> each request's activations by site and posit
     ResearchBatch.inputs                    numpy ResearchInputs, padded to pow2 buckets
     ResearchBatch.split(captures, logits)  -> {req_id: {site name: (positions, array [n, H or V])}}
 
-Buckets: rows R and capture slots C are the next powers of two (at least 32 and 8, even when the step
-captures nothing) of what the step needs; the intervention slots (steers J, scales M, head scales K,
-patches P) the next powers of two of theirs, at least 8 even with none (a step that only captures runs
-the program of one that edits, with neutral values): a handful of variants per token bucket, whatever
-the mix of layers, sites and heads (models/research_hooks.py). The floors are the variant compiled ahead
-(`smallest_research_inputs`, runner/compiler.py): a decode step of up to 32 capturing requests over 8
-sites, with up to 8 steers, scales, head scales and patches, runs it; the slots cost little (steering is
-a [J, T] x [J, H] product per site, the capture buffer [C + 1, R, H] is a few MB).
+Buckets: rows R are 32 while the step captures at most 32 rows, else the step's T (a prompt chunk that
+captures every position): two sizes per token bucket, both compiled ahead, where the powers of two in
+between would each compile through jit in the middle of serving (seconds of a stalled step at the 8B
+shape). Capture slots C are the next power of two of what the step needs, at least 8 even when it
+captures nothing; the intervention slots (steers J, scales M, head scales K, patches P) the next powers
+of two of theirs, at least 8 even with none (a step that only captures runs the program of one that
+edits, with neutral values): a handful of variants per token bucket, whatever the mix of layers, sites
+and heads (models/research_hooks.py). The variants compiled ahead (`smallest_research_inputs`,
+runner/compiler.py) take up to 8 sites and 8 steers, scales, head scales and patches, with R = 32 and
+R = T; the slots cost little (steering is a [J, T] x [J, H] product per site). Only the rows a step
+captured are read back (`ResearchBatch.rows_to_read`), not the whole [C + 1, R, H] buffer.
 
     research_dims(inputs) -> (R, C, J, M, K, P)   the variant's key
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -45,9 +49,18 @@ def research_dims(ri: ResearchInputs) -> tuple[int, ...]:
     )
 
 
-def smallest_research_inputs(num_tokens: int, hidden_size: int) -> ResearchInputs:
-    """Neutral ResearchInputs of a `num_tokens`-token step at the floors: the variant compiled ahead."""
-    return _research_inputs([], [], [], [], [], [], num_tokens, hidden_size)
+def _capture_rows_bucket(n: int, num_tokens: int) -> int:
+    """R for a step capturing n of its num_tokens rows: the floor, or every row of the step."""
+    return _MIN_ROWS if n <= _MIN_ROWS else max(num_tokens, _MIN_ROWS)
+
+
+def smallest_research_inputs(num_tokens: int, hidden_size: int, all_rows: bool = False) -> ResearchInputs:
+    """Neutral ResearchInputs of a `num_tokens`-token step at the floors (`all_rows`: with R = the step's
+    tokens, as a step capturing more than 32 rows has): the variants compiled ahead."""
+    ri = _research_inputs([], [], [], [], [], [], num_tokens, hidden_size)
+    if all_rows:
+        ri = dataclasses.replace(ri, cap_rows=np.zeros(max(num_tokens, _MIN_ROWS), np.int32))
+    return ri
 
 
 @dataclass
@@ -64,6 +77,13 @@ class ResearchBatch:
     inputs: ResearchInputs  # numpy leaves
     logits: bool  # the step also returns the logits of the captured rows
     wanted: dict[str, _Wanted]
+    num_rows: int = 0  # rows of R the step captured (the rest is padding)
+
+    @property
+    def rows_to_read(self) -> int:
+        """How many of R's rows to read back: the captured ones, rounded up to a power of two (at least 32)
+        so that few slicing programs are made."""
+        return min(int(self.inputs.cap_rows.shape[0]), _bucket(self.num_rows, _MIN_ROWS))
 
     def split(self, captures: np.ndarray, logits: np.ndarray | None) -> dict[str, dict[str, tuple]]:
         """captures [C + 1, R, H], logits f32[R, V] | None -> per request, per site: (positions, array)."""
@@ -128,8 +148,10 @@ def build_research_batch(
             code = site_code(site, num_layers)
             w.slots[str(site)] = codes.setdefault(code, len(codes))
     slot_codes = sorted(codes, key=codes.get)  # slot k holds the k-th code seen
-    inputs = _research_inputs(cap_rows, slot_codes, steers, scales, heads, patches, num_tokens, hidden_size)
-    return ResearchBatch(inputs, want_logits, wanted)
+    inputs = _research_inputs(
+        cap_rows, slot_codes, steers, scales, heads, patches, num_tokens, hidden_size, want_logits
+    )
+    return ResearchBatch(inputs, want_logits, wanted, len(cap_rows))
 
 
 def _research_inputs(
@@ -141,9 +163,13 @@ def _research_inputs(
     patches: list,
     num_tokens: int,
     hidden_size: int,
+    logits: bool = False,
 ) -> ResearchInputs:
-    """The padded numpy ResearchInputs of a step's captures and edits (see build_research_batch)."""
-    r, c = _bucket(len(cap_rows), _MIN_ROWS), _bucket(len(slot_codes), _MIN_SLOTS)
+    """The padded numpy ResearchInputs of a step's captures and edits (see build_research_batch). With
+    captured logits (f32[R, V], compiled through jit anyway) R stays the power of two of the rows: R = T
+    would hold the logits of every row of a prompt chunk."""
+    r = _bucket(len(cap_rows), _MIN_ROWS) if logits else _capture_rows_bucket(len(cap_rows), num_tokens)
+    c = _bucket(len(slot_codes), _MIN_SLOTS)
     rows = np.zeros(r, np.int32)
     rows[: len(cap_rows)] = cap_rows
     codes = np.full(c, -1, np.int32)

@@ -1,6 +1,7 @@
 """compile_research_ahead: each bucket's model step with research is traced before ready and compiled in
-the background; research requests whose slots fit the floors then run those executables (no research step
-goes through jit) and give the captures and tokens of the same requests compiled through jit."""
+the background, capturing up to 32 rows and (above 32 tokens) every row; research requests whose slots fit
+the floors then run those executables (no research step goes through jit, also where a prompt chunk
+captures more than 32 rows) and give the captures and tokens of the same requests compiled through jit."""
 
 from __future__ import annotations
 
@@ -20,20 +21,20 @@ def _llm(folder, cache, research_ahead: bool):
         compile_ahead=False,  # plain steps through jit: only the research variants are compiled ahead
         compile_research_ahead=research_ahead,
         max_num_seqs=4,
-        max_num_batched_tokens=32,
+        max_num_batched_tokens=64,
     )
 
 
 def _research_run(llm):
-    """Plain, capturing, steering and ablating requests in one batch, prompts split over chunks; captures
-    of at most 32 rows a step (the floor: more compiles a larger variant)."""
+    """Plain, capturing, steering and ablating requests in one batch, prompts split over chunks; one
+    captures every position of a 70-token prompt (more than 32 rows in a chunk: the R = T variant)."""
     rng = np.random.default_rng(5)
     hidden = llm.llm_engine.runner.hidden_size
     vec = rng.standard_normal(hidden).astype(np.float32)
     prompts = [rng.integers(3, 300, int(n)).tolist() for n in (5, 70, 17, 20)]
     research = [
         None,
-        ResearchParams(capture=["residual.0", "mlp_out.1", "final_norm"], capture_positions="generated"),
+        ResearchParams(capture=["residual.0", "mlp_out.1", "final_norm"], capture_positions="all"),
         ResearchParams(steer=[Steer("residual.0", vec, 2.0)]),
         ResearchParams(
             capture=["attn_out.1"], scale=[Scale("mlp_out.0", 0.0), Scale("attn_out.1", 0.5, head=1)]
@@ -54,7 +55,9 @@ def test_research_steps_run_the_executables_compiled_ahead(tiny_llama_dir, jax_c
     shapes = runner.plan.all_shapes()
     floors = research_dims(smallest_research_inputs(8, runner.hidden_size))
     assert floors == (32, 8, 8, 8, 8, 8)
-    assert set(runner.compiler.ahead_research) == {(s, floors) for s in shapes}
+    every_row = {(s, (s[0], *floors[1:])) for s in shapes if s[0] > 32}
+    assert every_row  # the 64-token bucket
+    assert set(runner.compiler.ahead_research) == {(s, floors) for s in shapes} | every_row
     compiler = runner.compiler
     step_jit = compiler.step_jit
     jitted_research = []
@@ -83,6 +86,7 @@ def test_research_steps_run_the_executables_compiled_ahead(tiny_llama_dir, jax_c
         assert got.positions == want.positions and sorted(got.arrays) == sorted(want.arrays)
         for site, a in want.arrays.items():
             np.testing.assert_allclose(got.arrays[site], a, rtol=1e-5, atol=1e-5)
-    # "generated": each sampled token fed back (not the last); "all": the 20 prompt positions too.
-    assert caps[1].arrays["final_norm"].shape == (6 - 1, runner.hidden_size)
+    # "all": the prompt's positions and each sampled token fed back (not the last).
+    assert caps[1].arrays["final_norm"].shape == (70 + 6 - 1, runner.hidden_size)
+    assert {k[1][0] for k in ran} >= {32, 64}  # both row sizes ran
     assert caps[3].arrays["attn_out.1"].shape == (20 + 6 - 1, runner.hidden_size)

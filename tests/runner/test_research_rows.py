@@ -1,0 +1,48 @@
+"""The capture rows R a research step is compiled for: 32 while it captures at most 32 rows, else every
+row of its token bucket (so two variants per bucket, both compiled ahead); only the captured rows, rounded
+up to a power of two, are read back. Captured logits keep the power-of-two R (f32[R, V] of every row of a
+prompt chunk would not fit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxllm.runner.research_batch import (
+    ResearchBatch,
+    _research_inputs,
+    research_dims,
+    smallest_research_inputs,
+)
+
+H = 16
+
+
+@pytest.mark.parametrize(
+    "captured,tokens,logits,want_r,want_read",
+    [
+        (0, 8, False, 32, 32),  # a step that only edits: the floor
+        (5, 8, False, 32, 32),
+        (32, 512, False, 32, 32),
+        (33, 512, False, 512, 64),  # more than the floor: every row of the bucket, 64 of them read
+        (300, 512, False, 512, 512),
+        (40, 128, True, 64, 64),  # captured logits: the power of two
+    ],
+)
+def test_rows_bucket_and_rows_read(captured, tokens, logits, want_r, want_read):
+    rows = list(range(captured))
+    ri = _research_inputs(rows, [3], [], [], [], [], tokens, H, logits)
+    assert research_dims(ri)[0] == want_r
+    np.testing.assert_array_equal(ri.cap_rows[:captured], rows)
+    batch = ResearchBatch(ri, logits, {}, captured)
+    assert batch.rows_to_read == want_read
+
+
+def test_the_variants_compiled_ahead_are_the_ones_steps_use():
+    for tokens in (8, 32, 64, 8192):
+        floor = research_dims(smallest_research_inputs(tokens, H))
+        every = research_dims(smallest_research_inputs(tokens, H, all_rows=True))
+        assert floor == research_dims(_research_inputs([1], [3], [], [], [], [], tokens, H))
+        many = list(range(min(tokens, 33)))
+        assert every == research_dims(_research_inputs(many, [3], [], [], [], [], tokens, H))
+        assert every[0] == max(tokens, 32) and floor[0] == 32
