@@ -47,10 +47,10 @@ def timed(fn, *args, reps: int) -> tuple[float, jax.Array]:
 
 
 def timed_or_failure(row: dict, name: str, fn, *args, reps: int) -> jax.Array | None:
-    """row[NAME_ms] = the time, and the output is returned; a way that cannot run here is a finding, not the end of the sweep:
-    row[NAME_ms] = None and row[NAME_error] = why (JAX 0.11.2's wheel lacks the module the Pallas Triton
-    lowering imports; XLA's own ragged_dot on the GPU computes every row against every group and runs out
-    of memory at thousands of tokens)."""
+    """row[NAME_ms] = the time, and the output is returned. A way that cannot run here is a finding, not
+    the end of the sweep: row[NAME_ms] = None and row[NAME_error] = why (JAX 0.11.2's wheel lacks the module
+    the Pallas Triton lowering imports; XLA's own ragged_dot on the GPU computes every row against every
+    group and runs out of memory at thousands of tokens)."""
     try:
         seconds, out = timed(fn, *args, reps=reps)
     except (ImportError, jax.errors.JaxRuntimeError) as e:

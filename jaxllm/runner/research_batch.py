@@ -59,7 +59,8 @@ def smallest_research_inputs(num_tokens: int, hidden_size: int, all_rows: bool =
     tokens, as a step capturing more than 32 rows has): the variants compiled ahead."""
     ri = _research_inputs([], [], [], [], [], [], num_tokens, hidden_size)
     if all_rows:
-        ri = dataclasses.replace(ri, cap_rows=np.zeros(max(num_tokens, _MIN_ROWS), np.int32))
+        r = _capture_rows_bucket(num_tokens, num_tokens)  # the R of a step capturing all its rows
+        ri = dataclasses.replace(ri, cap_rows=np.zeros(r, np.int32))
     return ri
 
 
@@ -77,13 +78,13 @@ class ResearchBatch:
     inputs: ResearchInputs  # numpy leaves
     logits: bool  # the step also returns the logits of the captured rows
     wanted: dict[str, _Wanted]
-    num_rows: int = 0  # rows of R the step captured (the rest is padding)
 
     @property
     def rows_to_read(self) -> int:
-        """How many of R's rows to read back: the captured ones, rounded up to a power of two (at least 32)
-        so that few slicing programs are made."""
-        return min(int(self.inputs.cap_rows.shape[0]), _bucket(self.num_rows, _MIN_ROWS))
+        """How many of R's rows to read back: the captured ones (the rest is padding), rounded up to a power
+        of two (at least 32) so that few slicing programs are made."""
+        captured = sum(len(w.rows) for w in self.wanted.values())
+        return min(int(self.inputs.cap_rows.shape[0]), _bucket(captured, _MIN_ROWS))
 
     def split(self, captures: np.ndarray, logits: np.ndarray | None) -> dict[str, dict[str, tuple]]:
         """captures [C + 1, R, H], logits f32[R, V] | None -> per request, per site: (positions, array)."""
@@ -151,7 +152,7 @@ def build_research_batch(
     inputs = _research_inputs(
         cap_rows, slot_codes, steers, scales, heads, patches, num_tokens, hidden_size, want_logits
     )
-    return ResearchBatch(inputs, want_logits, wanted, len(cap_rows))
+    return ResearchBatch(inputs, want_logits, wanted)
 
 
 def _research_inputs(

@@ -11,6 +11,7 @@ import pytest
 from jaxllm.runner.research_batch import (
     ResearchBatch,
     _research_inputs,
+    _Wanted,
     research_dims,
     smallest_research_inputs,
 )
@@ -34,7 +35,7 @@ def test_rows_bucket_and_rows_read(captured, tokens, logits, want_r, want_read):
     ri = _research_inputs(rows, [3], [], [], [], [], tokens, H, logits)
     assert research_dims(ri)[0] == want_r
     np.testing.assert_array_equal(ri.cap_rows[:captured], rows)
-    batch = ResearchBatch(ri, logits, {}, captured)
+    batch = ResearchBatch(ri, logits, {"r": _Wanted(positions=rows, rows=rows)})
     assert batch.rows_to_read == want_read
 
 
