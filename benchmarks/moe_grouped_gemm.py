@@ -1,7 +1,8 @@
 """One MoE layer's experts (layers/moe.py: sort by expert, two grouped GEMMs, weighted combine) per token
-count, three ways: `jax.lax.ragged_dot` as lowered by default, ragged_dot through JAX's Pallas Triton
-lowering (GPU only: `jax_ragged_dot_use_gpu_pallas_triton_lowering`), and a dense einsum of every token
-through every expert, masked by the routing (what a grouped GEMM must beat).
+count, four ways: `jax.lax.ragged_dot` as lowered by default, ragged_dot through JAX's Pallas Triton
+lowering (GPU only: `jax_ragged_dot_use_gpu_pallas_triton_lowering`), jaxllm's Pallas grouped GEMM
+(kernels/grouped_matmul.py, what the models run on a GPU; interpreted on the CPU, so slow there), and a
+dense einsum of every token through every expert, masked by the routing (what a grouped GEMM must beat).
 
     python -m benchmarks.moe_grouped_gemm --model qwen3-30b-a3b --tokens 1,8,32,256,2048
     python -m benchmarks.moe_grouped_gemm --model tiny-qwen3-moe --tokens 1,16 --dtype float32   # CPU check
@@ -84,9 +85,10 @@ def main(argv=None) -> dict:
     key = jax.random.key(0)
     gate_up = (jax.random.normal(key, (e, h, 2 * i), jnp.float32) * 0.02).astype(dtype)
     down = (jax.random.normal(jax.random.fold_in(key, 1), (e, i, h), jnp.float32) * 0.02).astype(dtype)
-    ways = {"ragged_dot": False}
+    ways = {"ragged_dot": (False, False)}  # name -> (ragged_dot's Pallas lowering, jaxllm's kernel)
     if jax.default_backend() == "gpu":
-        ways["ragged_dot_pallas"] = True
+        ways["ragged_dot_pallas"] = (True, False)
+    ways["grouped_matmul_pallas"] = (False, True)
     rows = []
     for t in [int(s) for s in args.tokens.split(",")]:
         rng = np.random.default_rng(t)
@@ -97,9 +99,13 @@ def main(argv=None) -> dict:
         bound = max(touched * 3 * h * i * nbytes / hw.bandwidth, 2 * 3 * h * i * t * k / hw.matmul_flops)
         row = {"tokens": t, "experts_touched": touched, "bound_ms": bound * 1e3}
         outs = {}
-        for name, pallas in ways.items():
+        for name, (pallas, kernel) in ways.items():
             jax.config.update("jax_ragged_dot_use_gpu_pallas_triton_lowering", pallas)  # part of the jit key
-            fn = jax.jit(lambda x, w, ids, gu, d: moe_experts(x, w, ids, gu, d, jax.nn.silu))
+            fn = jax.jit(
+                lambda x, w, ids, gu, d, kernel=kernel: moe_experts(
+                    x, w, ids, gu, d, jax.nn.silu, kernel=kernel
+                )
+            )
             outs[name] = timed_or_failure(
                 row, name, fn, x, jnp.asarray(w), jnp.asarray(ids), gate_up, down, reps=args.reps
             )

@@ -12,8 +12,10 @@ I each expert's intermediate width, M = T * K routed rows):
 
 Every expert's weights are read once per call whatever the routing, and each row is multiplied by its
 own expert only: unlike a dense einsum over all experts, the FLOPs are those of K experts per token.
-`grouped_matmul` is the one place the grouped GEMM happens (`jax.lax.ragged_dot`), so a Pallas grouped
-GEMM can replace it without touching the routing.
+`grouped_matmul` is the one place the grouped GEMM happens: with `kernel` (the model's GPU kernels) the
+Pallas grouped GEMM (kernels/grouped_matmul.py), which reads only the experts a tile of rows routes to;
+else `jax.lax.ragged_dot`, whose default GPU lowering multiplies every row by every expert (an f32[M, E, N]
+temporary: 24 GiB at Qwen3-30B-A3B's prefill) and is kept for the CPU and the plain-jnp reference.
 
 Tensor parallelism splits every expert (vLLM's default for its fused MoE, as opposed to expert
 parallelism): each device holds the I / N columns of gate and up and the I / N rows of down of all E
@@ -30,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from jaxllm.kernels.grouped_matmul import grouped_matmul as pallas_grouped_matmul
 from jaxllm.layers.tensor_parallel import TP_AXIS, current_tp_mesh
 
 
@@ -51,8 +54,13 @@ def grouped_matmul(
     rows: jax.Array,  # [M, K_in]: rows sorted by group, group g's rows next to each other
     weights: jax.Array,  # [E, K_in, N]
     group_sizes: jax.Array,  # i32[E]: rows of each group, in order; sums to <= M
+    kernel: bool = False,
 ) -> jax.Array:  # f32[M, N]; rows past sum(group_sizes) are zero
-    """rows[j] . weights[group of j]: the experts' GEMMs in one call, accumulated in float32."""
+    """rows[j] . weights[group of j]: the experts' GEMMs in one call, accumulated in float32. `kernel`: the
+    Pallas grouped GEMM (interpreted off the GPU, as the kernel tests run it)."""
+    k, n = weights.shape[1:]
+    if kernel and rows.dtype == weights.dtype and not (k % 16 or n % 16):  # the kernel's constraints
+        return pallas_grouped_matmul(rows, weights, group_sizes, interpret=jax.default_backend() != "gpu")
     return jax.lax.ragged_dot(rows, weights, group_sizes, preferred_element_type=jnp.float32)
 
 
@@ -64,6 +72,7 @@ def moe_experts(
     down: jax.Array,  # [E, I, H]
     act: Callable[[jax.Array], jax.Array],
     shards: int = 1,
+    kernel: bool = False,  # the Pallas grouped GEMM (grouped_matmul)
 ) -> jax.Array:  # f32[T, H]
     """Every token through its K experts, weighted and summed (module docstring)."""
     t, k = expert_ids.shape
@@ -71,11 +80,11 @@ def moe_experts(
     flat_ids = expert_ids.reshape(-1)  # i32[M], row j is token j // K
     order = jnp.argsort(flat_ids, stable=True)  # i32[M]: rows by expert
     group_sizes = jnp.bincount(flat_ids, length=e).astype(jnp.int32)  # i32[E]
-    h = grouped_matmul(x[order // k], gate_up, group_sizes)  # f32[M, 2I]
+    h = grouped_matmul(x[order // k], gate_up, group_sizes, kernel)  # f32[M, 2I]
     width = h.shape[-1] // (2 * shards)
     h = h.reshape(-1, shards, 2, width)  # each shard's [gate | up]
     inner = (act(h[:, :, 0]) * h[:, :, 1]).reshape(-1, shards * width).astype(x.dtype)  # [M, I]
-    y = grouped_matmul(inner, down, group_sizes)  # f32[M, H]
+    y = grouped_matmul(inner, down, group_sizes, kernel)  # f32[M, H]
     unsort = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))  # i32[M]
     y = y[unsort].reshape(t, k, -1)  # f32[T, K, H] in token order
     return jnp.einsum("tkh,tk->th", y, weights.astype(jnp.float32))
@@ -91,6 +100,7 @@ def sparse_moe(
     renormalize: bool,
     act: Callable[[jax.Array], jax.Array],
     shards: int = 1,  # the tensor-parallel shards gate|up is laid out for
+    kernel: bool = False,  # the Pallas grouped GEMM (grouped_matmul)
 ) -> jax.Array:  # [T, H] in x's dtype
     """The MoE MLP of one layer; under a tensor-parallel mesh each device runs its slice of every expert
     (module docstring) inside `shard_map`."""
@@ -98,7 +108,7 @@ def sparse_moe(
     def local(x, router, gate_up, down, shards):
         logits = jnp.dot(x, router.astype(x.dtype), preferred_element_type=jnp.float32)  # f32[T, E]
         weights, ids = route_top_k(logits, top_k, renormalize)
-        return moe_experts(x, weights, ids, gate_up, down, act, shards)
+        return moe_experts(x, weights, ids, gate_up, down, act, shards, kernel)
 
     mesh = current_tp_mesh()
     if mesh is None:

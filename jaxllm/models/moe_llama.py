@@ -75,6 +75,7 @@ class MoeExperts(nn.Module):
 class SparseMoeBlock(nn.Module):
     arch: ModelArchConfig
     tp_size: int = 1
+    use_kernels: bool = False  # the Pallas grouped GEMM (layers/moe.py), as the GPU attention backends
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [T, H] -> [T, H]
@@ -92,6 +93,7 @@ class SparseMoeBlock(nn.Module):
             renormalize=a.norm_topk_prob,
             act=ACTIVATIONS[a.hidden_act],
             shards=self.tp_size,
+            kernel=self.use_kernels,
         )
 
 
@@ -117,7 +119,7 @@ class MoeDecoderLayer(nn.Module):
         x = x + h
         y = RMSNorm(a.hidden_size, a.rms_norm_eps, name="post_attn_norm")(x)
         if self.sparse:
-            m = SparseMoeBlock(a, self.tp_size, name="mlp")(y)
+            m = SparseMoeBlock(a, self.tp_size, self.attn_backend != "reference", name="mlp")(y)
         else:
             m = LlamaMLP(a, self.tp_size, self.attn_backend != "reference", self.quant, name="mlp")(y)
         return x + m, kv_cache

@@ -6,7 +6,7 @@ from __future__ import annotations
 from benchmarks import moe_grouped_gemm as bench
 
 
-def test_ragged_dot_equals_the_dense_einsum():
+def test_grouped_ways_equal_the_dense_einsum():
     result = bench.main(["--model", "tiny-qwen3-moe", "--tokens", "1,16", "--dtype", "float32", "--reps", "1",
                          "--no-save"])  # fmt: skip
     rows = result["results"]["rows"]
@@ -14,6 +14,7 @@ def test_ragged_dot_equals_the_dense_einsum():
     for r in rows:
         assert r["ragged_dot_ms"] > 0 and r["dense_einsum_ms"] > 0 and r["bound_ms"] > 0
         assert r["ragged_dot_max_err_vs_dense"] < 1e-5, r
+        assert r["grouped_matmul_pallas_ms"] > 0 and r["grouped_matmul_pallas_max_err_vs_dense"] < 1e-5, r
 
 
 def test_a_way_that_fails_is_recorded_and_the_sweep_goes_on(monkeypatch):
