@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -60,22 +61,25 @@ class FusedGroup:
         return sum(self.part_widths())
 
 
-def fuse_columns(group: FusedGroup, parts: list, axis: int = -1) -> jnp.ndarray:
+def fuse_columns(group: FusedGroup, parts: list, axis: int = -1):
     """The fused weight ([in, width]) or bias ([width]) from the parts' arrays ([in, heads * head_width] or
-    [heads * head_width]) in checkpoint order; numpy or jax arrays (the result is a jax array). `axis` is
-    the parts' output axis: 0 for a weight held [out, in] (a W8A8 qweight: jaxllm/quantization/scheme.py)."""
+    [heads * head_width]) in checkpoint order. Numpy parts give a numpy array, fused on the host (the loader
+    then puts it on the device once: on a GPU, each distinct shape fused there would compile its own small
+    programs); otherwise a jax array. `axis` is the parts' output axis: 0 for a weight held [out, in] (a
+    W8A8 qweight: jaxllm/quantization/scheme.py)."""
+    xp = np if all(isinstance(x, np.ndarray) for x in parts) else jnp
     n = group.shards
     pieces = []
     for part, x in zip(group.parts, parts, strict=True):
-        x = jnp.asarray(x)
+        x = xp.asarray(x)
         a = axis % x.ndim
         lead, trail = x.shape[:a], x.shape[a + 1 :]
         x = x.reshape(*lead, part.heads, part.head_width, *trail)
         slots = part.slots(n)
         if slots > part.heads:  # slot s holds head s // (slots / heads)
-            x = jnp.repeat(x, slots // part.heads, axis=a)
+            x = xp.repeat(x, slots // part.heads, axis=a)
         pieces.append(x.reshape(*lead, n, slots // n * part.head_width, *trail))
-    fused = jnp.concatenate(pieces, axis=a + 1)  # [..., N, per-shard width, ...]
+    fused = xp.concatenate(pieces, axis=a + 1)  # [..., N, per-shard width, ...]
     return fused.reshape(*lead, group.width, *trail)
 
 
