@@ -70,6 +70,21 @@ from jaxllm.structured_output.token_constraint import TokenConstraint
 __all__ = ["MAX_LOGPROBS", "InFlightStep", "ModelRunner", "StepTiming"]
 
 
+def _captured_rows(research: ResearchBatch, captures: tuple) -> tuple:
+    """The rows of a research step's capture buffers that hold captures ([C + 1, R, H] -> [C + 1, n, H],
+    and the captured logits likewise), sliced as the step is dispatched. Sliced when the step is
+    collected, the slice would queue on the device behind the next step (dispatched by then), so reading
+    one step's captures would wait for the next step as well, and the host and the device would take
+    turns instead of overlapping."""
+    caps, cap_logits = captures
+    n = research.rows_to_read
+    if n < caps.shape[1]:  # R = T: only the captured rows, not every row of the step
+        caps = caps[:, :n]
+        if cap_logits is not None:
+            cap_logits = cap_logits[:n]
+    return caps, cap_logits
+
+
 @dataclasses.dataclass
 class InFlightStep:
     """A dispatched step: its device results (not yet read) and where each request's token sits in them."""
@@ -84,7 +99,7 @@ class InFlightStep:
     # (sampled, ids)
     token_rules: Future | None = None
     research: ResearchBatch | None = None  # what the step captures for whom (runner/research_batch.py)
-    captures: tuple | None = None  # its device arrays: ([C + 1, R, H], f32[R, V] | None)
+    captures: tuple | None = None  # its captured rows on the device: ([C + 1, n, H], f32[n, V] | None)
     # A step that verifies proposals: each scheduled request's first sampler row (-1: samples nothing);
     # its k + 1 draws follow in order. None: row i of the sampler is request i's single draw.
     verify_rows: list[int] | None = None
@@ -396,6 +411,7 @@ class ModelRunner:
         captures = None
         if research is not None:
             logits, captures = logits
+            captures = _captured_rows(research, captures)
         if want_prompt_lp:
             self._collect_prompt_logprobs(scheduled, states, inputs, logits, out)
         if verify:
@@ -501,13 +517,7 @@ class ModelRunner:
         them to the requests' states."""
         out = step.out
         if step.research is not None:
-            caps, cap_logits = step.captures
-            n = step.research.rows_to_read
-            if n < caps.shape[1]:  # R = T: read back the captured rows, not every row of the step
-                caps = caps[:, :n]
-                if cap_logits is not None:
-                    cap_logits = cap_logits[:n]
-            caps, cap_logits = jax.device_get((caps, cap_logits))
+            caps, cap_logits = jax.device_get(step.captures)
             out.captures = step.research.split(np.asarray(caps), cap_logits)
         if not step.samples:
             return out

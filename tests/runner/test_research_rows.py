@@ -47,3 +47,23 @@ def test_the_variants_compiled_ahead_are_the_ones_steps_use():
         many = list(range(min(tokens, 33)))
         assert every == research_dims(_research_inputs(many, [3], [], [], [], [], tokens, H))
         assert every[0] == max(tokens, 32) and floor[0] == 32
+
+
+def test_captured_rows_are_sliced_when_the_step_is_dispatched():
+    """ModelRunner.dispatch keeps only the rows to read of a research step's buffers (an op enqueued at
+    collect would queue behind the next step): [C + 1, R, H] -> [C + 1, n, H], logits [R, V] -> [n, V]."""
+    import jax.numpy as jnp
+
+    from jaxllm.runner.model_runner import _captured_rows
+
+    rows = list(range(40))
+    ri = _research_inputs(rows, [3], [], [], [], [], 512, H)  # R = 512, 64 rows read
+    batch = ResearchBatch(ri, False, {"r": _Wanted(positions=rows, rows=rows)})
+    caps = jnp.arange(9 * 512 * H, dtype=jnp.float32).reshape(9, 512, H)
+    got, logits = _captured_rows(batch, (caps, None))
+    assert got.shape == (9, 64, H) and logits is None
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(caps[:, :64]))
+    got, logits = _captured_rows(batch, (caps, jnp.ones((512, 7))))
+    assert logits.shape == (64, 7)
+    small = ResearchBatch(_research_inputs(rows[:5], [3], [], [], [], [], 512, H), False, {})
+    assert _captured_rows(small, (caps[:, :32], None))[0].shape == (9, 32, H)  # R = 32: kept whole
