@@ -5,16 +5,13 @@ too, and, where the `triton` package is installed, its compilation to sm_90 mach
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxllm.kernels.grouped_matmul import default_tiles, group_metadata, grouped_matmul
+from tests.kernels.triton_sm90 import assert_compiles_for_sm90, lower_for_h100
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 
@@ -177,12 +174,8 @@ LOWER = [(8, 2048, 1536, 128), (2048, 768, 2048, 128), (37, 64, 48, 6)]  # (M, K
 def _lower_for_h100(m, k, n, e):
     """The op lowered for the "cuda" platform with an abstract H100: the HLO text."""
     sds = jax.ShapeDtypeStruct
-    dev = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), (jax.sharding.AxisType.Explicit,), abstract_device=dev)
     args = (sds((m, k), jnp.bfloat16), sds((e, k, n), jnp.bfloat16), sds((e,), jnp.int32))
-    with jax.sharding.use_abstract_mesh(mesh):
-        traced = jax.jit(lambda r, w, s: grouped_matmul(r, w, s)).trace(*args)
-        return traced.lower(lowering_platforms=("cuda",)).as_text()
+    return lower_for_h100(grouped_matmul, *args)
 
 
 @pytest.mark.parametrize("case", LOWER, ids=str)
@@ -192,44 +185,7 @@ def test_lowers_to_triton(case):
 
 @pytest.mark.parametrize("case", LOWER[:2], ids=str)
 def test_compiles_for_sm90(case, monkeypatch, tmp_path):
-    """The Triton IR this op emits, compiled by the `triton` package for sm_90 (no GPU needed): Triton's
-    passes accept it, the dot runs on mma, it fits in shared memory, and ptxas spills nothing."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-
-    try:
-        from jax._src.pallas.triton import pallas_call_registration as registration
-    except ImportError:  # private module; its absence says nothing about the kernel
-        pytest.skip("Pallas Triton internals not available")
-    modules = []
-    lower = registration.lowering.lower_jaxpr_to_triton_module
-
-    def keep_module(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        modules.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep_module)
-    _lower_for_h100(*case)
-    (ttir,) = modules
-    cfg = default_tiles(case[0], case[1], case[2], case[3])
-    src = tmp_path / "grouped.ttir"
-    src.write_text(ttir)
-    compiled = triton.compile(
-        str(src),
-        target=GPUTarget("cuda", 90, 32),
-        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-    )
-    assert compiled.metadata.shared <= 227 * 1024
-    assert "mma" in compiled.asm["ptx"]
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    ptxas = str(ptxas) if ptxas.exists() else shutil.which("ptxas")
-    if ptxas is None:
-        return
-    ptx = tmp_path / "grouped.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    info = subprocess.run(
-        [ptxas, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(tmp_path / "grouped.cubin")],
-        capture_output=True, text=True, check=True,
-    ).stderr  # fmt: skip
-    assert "0 bytes spill stores" in info, info
+    """The Triton IR this op emits, compiled for sm_90 (no GPU needed): the dot on mma, within shared
+    memory, no spills."""
+    cfg = default_tiles(*case)
+    assert_compiles_for_sm90(lambda: _lower_for_h100(*case), cfg, monkeypatch, tmp_path)

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +24,7 @@ from jaxllm.kernels.int4_reference import (
     unpack_int4,
 )
 from jaxllm.kernels.w4a16_matmul import default_config, resolve_config, split_steps, w4a16_matmul
+from tests.kernels.triton_sm90 import assert_compiles_for_sm90, lower_for_h100
 
 # Largest |out - ref| / max|ref| allowed: the output's rounding to its dtype (half an ulp relative to the
 # element, below that relative to the largest) plus float32 summation-order differences (for float32 a
@@ -280,15 +278,10 @@ LOWER = [  # (M, K, N, g, dtype): decode, a ragged prefill block, per channel, f
 
 
 def _lower_for_h100(m, k, n, g, dtype):
-    """The op lowered for the "cuda" platform with an abstract H100 (the Triton lowering asks for a
-    device's compute capability): the HLO text."""
+    """The op lowered for the "cuda" platform with an abstract H100: the HLO text."""
     sds = jax.ShapeDtypeStruct
-    dev = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), (jax.sharding.AxisType.Explicit,), abstract_device=dev)
     args = (sds((m, k), dtype), sds((k // 2, n), jnp.uint8), sds((k // g, n), dtype), sds((k // g, n), dtype))
-    with jax.sharding.use_abstract_mesh(mesh):
-        traced = jax.jit(lambda x, q, s, z: w4a16_matmul(x, q, s, z)).trace(*args)
-        return traced.lower(lowering_platforms=("cuda",)).as_text()
+    return lower_for_h100(w4a16_matmul, *args)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
@@ -304,43 +297,6 @@ def test_compiles_for_sm90(case, monkeypatch, tmp_path):
     """The Triton IR this op emits, compiled by the `triton` package for sm_90 (no GPU needed): Triton's
     passes (layouts, the dot on mma, software pipelining) accept it, it fits in shared memory, and
     ptxas keeps every value in registers (no spills)."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-
-    try:
-        from jax._src.pallas.triton import pallas_call_registration as registration
-    except ImportError:  # private module; its absence says nothing about the kernel
-        pytest.skip("Pallas Triton internals not available")
-    modules = []
-    lower = registration.lowering.lower_jaxpr_to_triton_module
-
-    def keep_module(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        modules.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep_module)
-    m, k, n, g, dtype = case
-    _lower_for_h100(*case)
-    (ttir,) = modules
+    m, k, n, g, _ = case
     cfg = default_config(m, k, n, g)
-    src = tmp_path / "w4a16.ttir"
-    src.write_text(ttir)
-    compiled = triton.compile(
-        str(src),
-        target=GPUTarget("cuda", 90, 32),
-        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-    )
-    assert compiled.metadata.shared <= 227 * 1024
-    assert "mma" in compiled.asm["ptx"]
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    ptxas = str(ptxas) if ptxas.exists() else shutil.which("ptxas")
-    if ptxas is None:
-        return
-    ptx = tmp_path / "w4a16.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    info = subprocess.run(
-        [ptxas, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(tmp_path / "w4a16.cubin")],
-        capture_output=True, text=True, check=True,
-    ).stderr  # fmt: skip
-    assert "0 bytes spill stores" in info, info
+    assert_compiles_for_sm90(lambda: _lower_for_h100(*case), cfg, monkeypatch, tmp_path)
