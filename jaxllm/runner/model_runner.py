@@ -75,13 +75,17 @@ def _captured_rows(research: ResearchBatch, captures: tuple) -> tuple:
     and the captured logits likewise), sliced as the step is dispatched. Sliced when the step is
     collected, the slice would queue on the device behind the next step (dispatched by then), so reading
     one step's captures would wait for the next step as well, and the host and the device would take
-    turns instead of overlapping."""
+    turns instead of overlapping. Their copy to the host is started here too (up to tens of MB for a
+    prompt chunk capturing every position), so collect finds them there."""
     caps, cap_logits = captures
     n = research.rows_to_read
     if n < caps.shape[1]:  # R = T: only the captured rows, not every row of the step
         caps = caps[:, :n]
         if cap_logits is not None:
             cap_logits = cap_logits[:n]
+    for a in (caps, cap_logits):  # their copy to the host starts as soon as the step is done
+        if a is not None:
+            a.copy_to_host_async()
     return caps, cap_logits
 
 
