@@ -1,7 +1,7 @@
 """A real `jaxllm serve` on the embedded model under a short soak, then killed, restarted on damaged caches,
 terminated under load, and run on a full disk.
 
-1. soak (benchmarks/soak.py, 10 s warm-up + 30 s): every request is completed, cancelled or timed out by
+1. soak (benchmarks/soak.py, 20 s warm-up + 30 s): every request is completed, cancelled or timed out by
    the client on purpose, or refused with a 4xx; afterwards nothing runs or waits, every KV block is free
    (kv_cache_usage_perc 0, as at the start), resident memory between the two idle points grew by less than
    MAX_RSS_GROWTH_MIB, and the log holds no error or traceback. Then SIGKILL with a stream in flight.
@@ -96,7 +96,7 @@ def test_soak_then_sigkill(caches, tmp_path):
         # the entries the greedy request's programs were stored under (the cache was empty)
         caches["greedy_entries"] = sorted(caches["xla"].glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_size)
         args = soak.parse_args(
-            ["--url", url, "--duration-s", "30", "--warmup-s", "10", "--concurrency", "4", "--max-tokens", "16",
+            ["--url", url, "--duration-s", "30", "--warmup-s", "20", "--concurrency", "4", "--max-tokens", "16",
              "--sample-s", "2", "--max-rss-growth-mib", str(MAX_RSS_GROWTH_MIB), "--server-log", server.log_path]
         )  # fmt: skip
         result = asyncio.run(soak.run(args))
