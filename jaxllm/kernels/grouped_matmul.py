@@ -46,7 +46,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxllm.kernels.ragged_batch import next_pow2
 
-__all__ = ["DTYPES", "default_tiles", "group_metadata", "grouped_matmul"]
+__all__ = ["DTYPES", "default_tiles", "group_metadata", "grouped_matmul", "serves"]
 
 DTYPES = ("bfloat16", "float16", "float32")
 MIN_DOT = 16  # Triton's least dot operand dimension
@@ -125,6 +125,16 @@ def _kernel(
 
         acc = lax.fori_loop(0, num_steps, body, jnp.zeros((block_m, o_ref.shape[1]), jnp.float32))
         plgpu.store(o_ref.at[pl.ds(m0, block_m), :], acc, mask=mine[:, None])
+
+
+def serves(rows, weights) -> bool:
+    """Whether the kernel takes these operands (same float dtype of DTYPES; K and N multiples of 16)."""
+    k, n = weights.shape[-2:]
+    return (
+        rows.dtype == weights.dtype
+        and jnp.dtype(rows.dtype).name in DTYPES
+        and not (k % MIN_DOT or n % MIN_DOT)
+    )
 
 
 def _check(rows, weights, group_sizes) -> None:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxllm.kernels.grouped_matmul import grouped_matmul as pallas_grouped_matmul
+from jaxllm.kernels.grouped_matmul import serves as kernel_serves
 from jaxllm.layers.tensor_parallel import TP_AXIS, current_tp_mesh
 
 
@@ -58,8 +59,7 @@ def grouped_matmul(
 ) -> jax.Array:  # f32[M, N]; rows past sum(group_sizes) are zero
     """rows[j] . weights[group of j]: the experts' GEMMs in one call, accumulated in float32. `kernel`: the
     Pallas grouped GEMM (interpreted off the GPU, as the kernel tests run it)."""
-    k, n = weights.shape[1:]
-    if kernel and rows.dtype == weights.dtype and not (k % 16 or n % 16):  # the kernel's constraints
+    if kernel and kernel_serves(rows, weights):
         return pallas_grouped_matmul(rows, weights, group_sizes, interpret=jax.default_backend() != "gpu")
     return jax.lax.ragged_dot(rows, weights, group_sizes, preferred_element_type=jnp.float32)
 
