@@ -147,52 +147,75 @@ class RunnerConfig:
     bucket_growth: int = 2
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 # vLLM's other methods, refused with what to do instead.
 REFUSED_SPECULATIVE_METHODS = {
-    m: "only prompt lookup ('ngram') is served; leave --speculative-config out or use method 'ngram'"
-    for m in ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+    m: "served are prompt lookup ('ngram') and a draft model ('draft_model', with 'model'); leave "
+    "--speculative-config out or use one of those"
+    for m in ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
 }
 SPECULATIVE_KEYS = (
-    "method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size",
+    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+    "disable_by_batch_size", "draft_tensor_parallel_size",
 )  # fmt: skip
+_NGRAM_ONLY_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """Speculative decoding by prompt lookup (vLLM's `--speculative-config '{"method": "ngram", ...}'`).
+    """Speculative decoding (vLLM's `--speculative-config`): each step proposes up to
+    `num_speculative_tokens` tokens per decoding request, which the step verifies in one forward pass
+    (jaxllm/spec_decode/).
 
-    Each step proposes up to `num_speculative_tokens` tokens per decoding request: those that followed the
-    latest earlier occurrence of the request's last n tokens (n from prompt_lookup_max down to
-    prompt_lookup_min) in its prompt and output. The step verifies them in one forward pass
-    (jaxllm/spec_decode/). `disable_by_batch_size`: no proposals while this many requests or more run (a
-    full batch gains little from them)."""
+    method "ngram" (prompt lookup): the tokens that followed the latest earlier occurrence of the request's
+    last n tokens (n from prompt_lookup_max down to prompt_lookup_min) in its prompt and output.
+    method "draft_model": what `model`, a smaller model of the same vocabulary (a folder, a .gguf file or
+    a Hub id, as the main model), decodes greedily from the request's tokens.
+    `disable_by_batch_size`: no proposals while this many requests or more run (a full batch gains little
+    from them)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
     disable_by_batch_size: int | None = None
+    model: str | None = None  # the draft model (method "draft_model")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SpeculativeConfig:
-        """vLLM's JSON object; raises ValueError naming the key (as `speculative_config.KEY`)."""
+        """vLLM's JSON object; raises ValueError naming the key (as `speculative_config.KEY`). As in vLLM,
+        a `model` without a `method` means "draft_model"."""
         where = "speculative_config (--speculative-config)"
         if not isinstance(d, Mapping):
             raise ValueError(f"{where} must be a JSON object, got {type(d).__name__}")
-        if "model" in d:
-            raise ValueError(
-                f"speculative_config.model={d['model']!r}: draft models are not supported; "
-                f"{REFUSED_SPECULATIVE_METHODS['draft_model']}"
-            )
         unknown = sorted(set(d) - set(SPECULATIVE_KEYS))
         if unknown:
             raise ValueError(f"{where}: unknown keys {unknown}; known: {', '.join(SPECULATIVE_KEYS)}")
-        method = d.get("method", "ngram")
+        model = d.get("model")
+        method = d.get("method", "draft_model" if model is not None else "ngram")
         if method in REFUSED_SPECULATIVE_METHODS:
             raise ValueError(f"speculative_config.method={method!r}: {REFUSED_SPECULATIVE_METHODS[method]}")
         if method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_config.method={method!r} must be one of {SPECULATIVE_METHODS}")
+        if method == "draft_model":
+            if not isinstance(model, str) or not model:
+                raise ValueError(
+                    "speculative_config.model is required for method 'draft_model': the draft model's "
+                    "folder, .gguf file or Hub id"
+                )
+            for key in _NGRAM_ONLY_KEYS:
+                if key in d:
+                    raise ValueError(f"speculative_config.{key} applies to method 'ngram', not 'draft_model'")
+            tp = d.get("draft_tensor_parallel_size", 1)
+            if tp != 1:
+                raise ValueError(
+                    f"speculative_config.draft_tensor_parallel_size={tp!r}: the draft model runs on one "
+                    "device; give 1 or leave it out"
+                )
+        else:
+            for key in ("model", "draft_tensor_parallel_size"):
+                if key in d:
+                    raise ValueError(f"speculative_config.{key} applies to method 'draft_model', not 'ngram'")
         if "num_speculative_tokens" not in d:
             raise ValueError("speculative_config.num_speculative_tokens is required (e.g. 4)")
         lo, hi = d.get("prompt_lookup_min"), d.get("prompt_lookup_max")
@@ -218,7 +241,7 @@ class SpeculativeConfig:
             raise ValueError(
                 f"speculative_config.prompt_lookup_min={lo} must be <= speculative_config.prompt_lookup_max={hi}"
             )
-        return cls(method=method, **values)
+        return cls(method=method, model=model if method == "draft_model" else None, **values)
 
 
 @dataclass(frozen=True, slots=True)

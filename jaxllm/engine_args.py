@@ -229,7 +229,8 @@ class EngineArgs:
         "speculative decoding, a JSON object as vLLM takes it: "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
         "(prompt lookup: proposals copied from the request's own prompt and output, verified in one "
-        "forward pass; greedy and seeded outputs are unchanged)",
+        "forward pass; greedy and seeded outputs are unchanged), or a draft model of the same tokenizer: "
+        '\'{"model": "PATH_OR_HUB_ID", "num_speculative_tokens": 4}\'',
     )
     max_num_queued_reqs: int | None = arg_field(
         None,

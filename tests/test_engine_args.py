@@ -208,6 +208,10 @@ def test_speculative_config_takes_vllms_json():
     one = {"num_speculative_tokens": 2, "prompt_lookup_max": 4}
     assert resolve(CPU, "offline", speculative_config=one).speculative.prompt_lookup_min == 4
     assert resolve(CPU, "offline").speculative is None
+    # A model without a method is a draft model, as in vLLM.
+    draft = {"model": "/models/draft", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
+    spec = resolve(CPU, "offline", speculative_config=draft).speculative
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +219,7 @@ def test_speculative_config_takes_vllms_json():
     [
         (
             {"method": "eagle", "num_speculative_tokens": 2},
-            r"speculative_config.method='eagle': only prompt lookup",
+            r"speculative_config.method='eagle': served are prompt lookup",
         ),
         (
             {"method": "lookahead", "num_speculative_tokens": 2},
@@ -230,8 +234,20 @@ def test_speculative_config_takes_vllms_json():
             {"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
             r"prompt_lookup_min=4 must be <=",
         ),
-        ({"num_speculative_tokens": 2, "model": "x"}, r"speculative_config.model='x': draft models are not"),
-        ({"num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}, r"unknown keys \['draft_tensor"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "model": "x"},
+            r"speculative_config.model applies to",
+        ),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, r"speculative_config.model is required"),
+        (
+            {"model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+            r"speculative_config.prompt_lookup_max applies to method 'ngram'",
+        ),
+        (
+            {"model": "x", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
+            r"speculative_config.draft_tensor_parallel_size=2: the draft model runs on one device",
+        ),
+        ({"num_speculative_tokens": 2, "draft_model": "x"}, r"unknown keys \['draft_model'\]"),
     ],
 )
 def test_bad_speculative_config_names_the_key(value, message):

@@ -21,7 +21,7 @@ import time
 
 import jax
 
-from jaxllm.config import EngineConfig
+from jaxllm.config import EngineConfig, ModelSpec
 from jaxllm.core.scheduler import Scheduler
 from jaxllm.engine.batch_defaults import device_total_memory
 from jaxllm.engine.heap import collect_dropped_engines, freeze_startup_heap
@@ -36,7 +36,8 @@ from jaxllm.runner import compilation_cache, executable_cache
 from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.kv_cache import kv_page_dtype
 from jaxllm.runner.model_runner import ModelRunner
-from jaxllm.spec_decode.speculator import max_verification_tokens
+from jaxllm.spec_decode.draft_model import DraftModelProposer, draft_num_blocks
+from jaxllm.spec_decode.speculator import max_speculating_requests, max_verification_tokens
 from jaxllm.structured_output.grammar import GrammarCompiler
 
 logger = logging.getLogger("jaxllm")
@@ -101,6 +102,8 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
     loaded = load_weights(source, config.runner.attention_backend, tp.sharding_fn)
 
     runner = _build_runner(config, loaded, tp, cache_dir)
+    # A draft model's weights and cache are in place before the target's cache is sized from what is left.
+    draft = _build_draft(config, loaded, cache_dir) if _uses_draft_model(config) else None
     with tp.context():
         num_blocks, why = runner.determine_num_blocks(
             config.cache.gpu_memory_utilization,
@@ -115,6 +118,8 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
     if config.runner.compile_ahead:
         with tp.context():
             compile_time_s = runner.compile_all()
+        if draft is not None:
+            compile_time_s += draft.runner.compile_all()
         spec = config.speculative
         if spec is not None:  # the steps that verify proposals (jaxllm/spec_decode/speculator.py)
             sched_cfg = config.scheduler
@@ -152,6 +157,9 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
         "compilation_cache": cache_dir,
         "executables_loaded": runner.executables.hits,
     }
+    if draft is not None:
+        info["draft_model"] = config.speculative.model
+        info["draft_kv_blocks"] = draft.pool.num_blocks
     for line in startup_lines(config, platform, info, why):
         logger.info(line)
     logger.info(
@@ -173,6 +181,7 @@ def build_engine(args: EngineArgs, usage: str = "offline") -> LLMEngine:
         distributed=distributed,
         cache_dir=cache_dir,
         startup_info=info,
+        draft=draft,
     )
     t0 = time.perf_counter()
     info["gc_frozen_objects"] = freeze_startup_heap()
@@ -212,6 +221,60 @@ def _build_runner(
         grammar_compiler=grammar_compiler(loaded),
         mesh=tp.mesh,
     )
+
+
+def _uses_draft_model(config: EngineConfig) -> bool:
+    return config.speculative is not None and config.speculative.method == "draft_model"
+
+
+def _build_draft(config: EngineConfig, target: LoadedModel, cache_dir: str | None) -> DraftModelProposer:
+    """Load speculative_config.model in the target's dtype, check that it speaks the target's vocabulary,
+    and give it a runner and a cache of its own (spec_decode/draft_model.py)."""
+    spec, sched, cache = config.speculative, config.scheduler, config.cache
+    where = f"speculative_config.model={spec.model!r}"
+    if config.parallel.tensor_parallel_size > 1:
+        raise ValueError(f"{where}: a draft model is served with tensor_parallel_size 1 only")
+    source = open_model(resolve_model(ModelSpec(model=spec.model, dtype=jax.numpy.dtype(target.dtype).name)))
+    draft = load_weights(source, config.runner.attention_backend)
+    check_draft_vocabulary(where, draft, target)
+    seqs = min(sched.max_num_seqs, max_speculating_requests(spec))
+    arch = draft.arch
+    runner = ModelRunner(
+        draft.module,
+        draft.params,
+        num_layers=arch.num_layers,
+        num_kv_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        vocab_size=arch.vocab_size,
+        kv_dtype=kv_page_dtype("auto", draft.dtype),
+        block_size=cache.block_size,
+        # a request's proposals reach k - 1 positions past its last token
+        max_model_len=sched.max_model_len + spec.num_speculative_tokens,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        bucket_pages=config.runner.attention_backend == "reference",
+        bucket_growth=config.runner.bucket_growth,
+    )
+    num_blocks, why = draft_num_blocks(runner, cache.gpu_memory_utilization, seqs)
+    runner.allocate_kv_cache(num_blocks)
+    logger.info(
+        "draft model %s (%s, %.3f GiB of weights): %d speculative tokens per step; its KV cache: %s",
+        draft.model_name, arch.architecture, draft.weight_bytes / 2**30, spec.num_speculative_tokens, why,
+    )  # fmt: skip
+    return DraftModelProposer(runner, num_blocks, spec.num_speculative_tokens, sched.max_num_batched_tokens)
+
+
+def check_draft_vocabulary(where: str, draft: LoadedModel, target: LoadedModel) -> None:
+    """Every id the draft can propose must mean the same token to the target: its vocabulary no larger,
+    and where both have a tokenizer, the same token strings."""
+    if draft.arch.vocab_size > target.arch.vocab_size:
+        raise ValueError(
+            f"{where}: its vocabulary has {draft.arch.vocab_size} tokens, more than the model's "
+            f"{target.arch.vocab_size}; a draft model must share the model's tokenizer"
+        )
+    if draft.tokenizer is not None and target.tokenizer is not None:
+        if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+            raise ValueError(f"{where}: its tokenizer differs from the model's; a draft model must share it")
 
 
 def kv_scales_source(params) -> str:

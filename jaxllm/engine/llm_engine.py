@@ -30,6 +30,7 @@ from jaxllm.request import Request, RequestStatus
 from jaxllm.runner import compilation_cache
 from jaxllm.runner.model_runner import ModelRunner
 from jaxllm.sampling_params import SamplingParams
+from jaxllm.spec_decode.draft_model import DraftModelProposer
 from jaxllm.spec_decode.speculator import Speculator
 from jaxllm.stats import EngineStats
 
@@ -48,6 +49,7 @@ class LLMEngine:
         distributed: DistributedSettings,
         cache_dir: str | None,
         startup_info: dict,
+        draft: DraftModelProposer | None = None,
     ):
         """The parts come from `from_engine_args` (engine/builder.py); `config` is the resolved one they
         were built with."""
@@ -79,8 +81,8 @@ class LLMEngine:
         # Structured outputs' grammars, compiled before a request is scheduled; the runner takes them from
         # the same cache (None: the model has no tokenizer).
         self.grammars = runner.grammar_compiler
-        # Speculative decoding's proposals (--speculative-config; None: off).
-        self.speculator = Speculator(config.speculative) if config.speculative is not None else None
+        # Speculative decoding's proposals (--speculative-config; None: off); `draft` runs the draft model.
+        self.speculator = Speculator(config.speculative, draft) if config.speculative is not None else None
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, usage: str = "offline") -> LLMEngine:

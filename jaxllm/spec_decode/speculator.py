@@ -1,8 +1,9 @@
 """Which running requests get proposals before a step, and when speculation stops paying for a request.
 
 The engine calls `propose(running)` before each schedule() whose previous step's results are all in:
-every eligible request that is decoding gets the n-gram proposals of its tokens (ngram.py) as
-`Request.spec_token_ids`, which the scheduler verifies in the step.
+every eligible request that is decoding gets proposals as `Request.spec_token_ids`, which the scheduler
+verifies in the step: the n-gram proposals of its tokens (ngram.py), or what the draft model decodes
+from them (draft_model.py, one batch for all such requests).
 
 Eligible: requests whose next-token distribution depends only on the prefix, so that one forward pass
 gives it at every proposed position: no penalties (they read the whole history), no token rules (a
@@ -25,9 +26,14 @@ eligible, the engine overlaps steps again.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from jaxllm.config import SpeculativeConfig
 from jaxllm.request import Request
 from jaxllm.spec_decode.ngram import TokenHistory, propose_ngram
+
+if TYPE_CHECKING:
+    from jaxllm.spec_decode.draft_model import DraftModelProposer
 
 SWITCH_OFF_AFTER = 16  # decoding steps a request speculates before its gain is judged
 MIN_GAIN_PER_STEP = 0.25  # accepted tokens per decoding step below which it stops
@@ -63,8 +69,11 @@ class _RequestSpeculation:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, draft: DraftModelProposer | None = None) -> None:
+        if (config.method == "draft_model") != (draft is not None):
+            raise ValueError(f"speculative method {config.method!r} with draft={draft!r}")
         self.config = config
+        self.draft = draft
         self.max_requests = max_speculating_requests(config)
         self._states: dict[str, _RequestSpeculation] = {}
 
@@ -86,25 +95,31 @@ class Speculator:
         cfg = self.config
         old, states = self._states, {}
         self._states = states
-        if len(running) > self.max_requests:  # (each schedule() drops the proposals it was given)
-            return 0
-        n = 0
-        for r in running:
-            if not eligible(r):
-                continue
-            st = states[r.request_id] = old.get(r.request_id) or _RequestSpeculation()
-            if not st.on or r.num_output_placeholders or not r.output_token_ids:
-                continue
-            if r.num_tokens - r.num_computed_tokens != 1:  # not decoding (a prompt chunk is left)
-                continue
-            st.steps += 1
-            judged = st.steps - 1  # steps whose results are in
-            if judged >= SWITCH_OFF_AFTER and r.spec_num_accepted_tokens < MIN_GAIN_PER_STEP * judged:
-                st.on = False
-                continue
-            tokens = st.history.sync(r.prompt_token_ids, r.output_token_ids)
-            r.spec_token_ids = propose_ngram(
-                tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
-            )
-            n += bool(r.spec_token_ids)
-        return n
+        wanting: list[tuple[Request, _RequestSpeculation]] = []
+        if len(running) <= self.max_requests:  # (each schedule() drops the proposals it was given)
+            for r in running:
+                if not eligible(r):
+                    continue
+                st = states[r.request_id] = old.get(r.request_id) or _RequestSpeculation()
+                if not st.on or r.num_output_placeholders or not r.output_token_ids:
+                    continue
+                if r.num_tokens - r.num_computed_tokens != 1:  # not decoding (a prompt chunk is left)
+                    continue
+                st.steps += 1
+                judged = st.steps - 1  # steps whose results are in
+                if judged >= SWITCH_OFF_AFTER and r.spec_num_accepted_tokens < MIN_GAIN_PER_STEP * judged:
+                    st.on = False
+                    continue
+                wanting.append((r, st))
+        if self.draft is not None:
+            self.draft.forget([rid for rid in old if rid not in states or not states[rid].on])
+            proposals = self.draft.propose([r for r, _ in wanting]) if wanting else {}
+            for r, _ in wanting:
+                r.spec_token_ids = proposals.get(r.request_id, [])
+        else:
+            for r, st in wanting:
+                tokens = st.history.sync(r.prompt_token_ids, r.output_token_ids)
+                r.spec_token_ids = propose_ngram(
+                    tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
+                )
+        return sum(bool(r.spec_token_ids) for r, _ in wanting)
