@@ -1,7 +1,10 @@
-"""Speculative decoding (prompt lookup) against plain decoding, one engine after the other, same requests.
+"""Speculative decoding against plain decoding, one engine after the other, same requests.
 
     python -m benchmarks.speculative [--model M] [--num-speculative-tokens 4] [--prompt-lookup-max 4]
-        [--prompt-lookup-min 2] [--concurrency 1] [--max-tokens 256] [--output-json FILE]
+        [--prompt-lookup-min 2] [--draft-model D] [--concurrency 1] [--max-tokens 256] [--output-json FILE]
+
+Proposals by prompt lookup (method ngram), or with `--draft-model` from that model (method draft_model:
+a smaller model of the same tokenizer; the pair must be real models for the acceptance to mean anything).
 
 Two workloads, each run by a plain engine and then by one with --speculative-config:
   grounded: chat requests that repeat, correct or rewrite a passage given in the prompt (the passages are
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=2)
+    p.add_argument("--draft-model", default=None, help="propose with this draft model instead of prompt lookup")
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--num-prompts", type=int, default=8, help="requests per workload")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -156,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "prompt_lookup_max": args.prompt_lookup_max,
         "prompt_lookup_min": args.prompt_lookup_min,
     }
+    if args.draft_model is not None:
+        spec = {"model": args.draft_model, "num_speculative_tokens": args.num_speculative_tokens}
     probe = LLM(**{**engine_kw, "gpu_memory_utilization": 0.05, "max_num_seqs": 1, "compile_ahead": False})
     tokenizer, vocab = probe.get_tokenizer(), probe.llm_engine.loaded.arch.vocab_size
     device = probe.llm_engine.startup_info.get("device")
