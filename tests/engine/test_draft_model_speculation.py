@@ -117,3 +117,22 @@ def test_a_draft_of_another_vocabulary_is_refused(tiny_llama_dir, tmp_path):
     other = save_tiny_llama(str(tmp_path / "other"), vocab_size=320, seed=1)
     with pytest.raises(ValueError, match=r"speculative_config.model=.*(tokenizer differs|vocabulary has)"):
         LLM(tiny_llama_dir, **ENGINE, speculative_config={"model": other, "num_speculative_tokens": K})
+
+
+def test_with_compile_ahead_the_draft_traces_nothing_while_decoding(
+    tiny_llama_dir, noisy_draft_dir, jax_cache_dir
+):
+    """compile_ahead compiles the draft's buckets too: its catch-up and decode steps run executables."""
+    spec = {"model": noisy_draft_dir, "num_speculative_tokens": K}
+    llm = LLM(
+        tiny_llama_dir,
+        **ENGINE,
+        compile_ahead=True,
+        compilation_cache_dir=jax_cache_dir,
+        speculative_config=spec,
+    )
+    prompts, params = workload()
+    llm.generate(None, params[:3], prompt_token_ids=prompts[:3], use_tqdm=False)
+    assert llm.llm_engine.get_stats().spec_decode_num_drafts > 0
+    draft = llm.llm_engine.speculator.draft.runner
+    assert draft.num_compiled() > 0 and draft.compiler.model_step_traces() == 0
