@@ -8,7 +8,7 @@
    same checkpoint, and jaxllm's top token is transformers' wherever that choice is clear (all but one
    position; W8A8, whose 8-bit activations amplify float32 rounding, all but three). The bound is
    loose (0.5 nats at a position, 0.06 on average) because the tools' CPU kernels do not compute
-   everything in float32 (GPTQModel's torch kernel), and looser for W8A8 (1.0 / 0.15): compressed-
+   everything in float32 (GPTQModel's torch kernel), and looser for W8A8 (1.5 / 0.15): compressed-
    tensors fake-quantizes activations with its own scale (int8: max|x| / 127.5), jaxllm as vLLM's
    kernels do (max|x| / 127), so rounding flips differ. A loader that read a nibble order, a zero point
    or a scale wrong misses by whole nats, and 1. catches a smaller slip.
@@ -110,5 +110,9 @@ def test_served_like_transformers(cache, name):
     assert agree >= decided - allowed, (
         f"{name}: top token differs at {decided - agree} of {decided} clear positions"
     )
-    max_d, mean_d = (1.0, 0.15) if arch_quant.activations else (0.5, 0.06)
+    # The largest single W8A8 gap moves with the CPU that built the reference (its torch summation order):
+    # one build of ct-fp8-dynamic stayed under 1.0 nats, another, on another machine, gave 1.18 at a near
+    # tie late in a continuation, with the mean at 0.11 and the clear top tokens within the allowance. A
+    # wrong scale or code misses the mean and the top tokens by far more.
+    max_d, mean_d = (1.5, 0.15) if arch_quant.activations else (0.5, 0.06)
     assert diffs.max() < max_d and diffs.mean() < mean_d, (name, diffs.max(), diffs.mean())

@@ -96,13 +96,26 @@ def test_soak_then_sigkill(caches, tmp_path):
         # the entries the greedy request's programs were stored under (the cache was empty)
         caches["greedy_entries"] = sorted(caches["xla"].glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_size)
         args = soak.parse_args(
-            ["--url", url, "--duration-s", "30", "--warmup-s", "20", "--concurrency", "4", "--max-tokens", "16",
-             "--sample-s", "2", "--max-rss-growth-mib", str(MAX_RSS_GROWTH_MIB), "--server-log", server.log_path]
+            ["--url", url, "--duration-s", "30", "--warmup-s", "10", "--warmup-rounds", "6", "--concurrency", "4",
+             "--max-tokens", "16", "--sample-s", "2", "--max-rss-growth-mib", str(MAX_RSS_GROWTH_MIB), "--server-log", server.log_path]
         )  # fmt: skip
         result = asyncio.run(soak.run(args))
-        summary = {k: result[k] for k in ("requests", "outcomes", "failures", "rss_growth_mib", "log_faults")}
+        summary = {
+            k: result[k]
+            for k in (
+                "requests",
+                "outcomes",
+                "failures",
+                "rss_growth_mib",
+                "warmup_rounds",
+                "programs_made_in_soak",
+                "log_faults",
+            )
+        }
         assert result["passed"], json.dumps({"checks": result["checks"], **summary}, indent=1)
         assert result["outcomes"]["completed"] > 0 and result["outcomes"]["rejected"] > 0
+        # the warm-up read the server's program count (its rounds end when a round made no program)
+        assert result["metrics_warm"]["programs"] > 0 and result["programs_made_in_soak"] is not None
         assert result["outcomes"]["cancelled"] + result["outcomes"]["timed_out"] > 0
 
         # SIGKILL with a stream in flight: nothing gets to clean up.
