@@ -193,8 +193,9 @@ def test_parse_returns_an_object_for_20_schemas(client):
 
 def test_json_object_regex_and_choice(client):
     model = client.models.list().data[0].id
-    for i in range(3):
-        r = client.chat.completions.create(
+
+    def json_object(i: int):
+        return client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": f"Give me a JSON object about animal number {i}."}],
             response_format={"type": "json_object"},
@@ -202,22 +203,32 @@ def test_json_object_regex_and_choice(client):
             seed=i,
             max_tokens=150,
         )
-        if r.choices[0].finish_reason == "stop":
-            assert isinstance(json.loads(r.choices[0].message.content), dict)
-        else:  # cut by max_tokens: a prefix of an object
-            assert r.choices[0].message.content.startswith("{")
-    r = client.completions.create(
-        model=model, prompt="My phone number is", max_tokens=20, temperature=0.8, seed=1,
-        extra_body={"structured_outputs": {"regex": r"\d{3}-\d{3}-\d{4}"}},
-    )  # fmt: skip
-    assert re.fullmatch(r"\d{3}-\d{3}-\d{4}", r.choices[0].text)
-    r = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "Is water wet?"}],
-        max_tokens=10,
-        extra_body={"guided_choice": ["yes", "no", "maybe"]},
-    )
-    assert r.choices[0].message.content in ("yes", "no", "maybe")
+
+    def regex():
+        return client.completions.create(
+            model=model, prompt="My phone number is", max_tokens=20, temperature=0.8, seed=1,
+            extra_body={"structured_outputs": {"regex": r"\d{3}-\d{3}-\d{4}"}},
+        )  # fmt: skip
+
+    def choice():
+        return client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Is water wet?"}],
+            max_tokens=10,
+            extra_body={"guided_choice": ["yes", "no", "maybe"]},
+        )
+
+    with ThreadPoolExecutor(5) as pool:  # one batch, each row under its own grammar
+        objects = [pool.submit(json_object, i) for i in range(3)]
+        phone, answer = pool.submit(regex), pool.submit(choice)
+        for f in objects:
+            r = f.result()
+            if r.choices[0].finish_reason == "stop":
+                assert isinstance(json.loads(r.choices[0].message.content), dict)
+            else:  # cut by max_tokens: a prefix of an object
+                assert r.choices[0].message.content.startswith("{")
+        assert re.fullmatch(r"\d{3}-\d{3}-\d{4}", phone.result().choices[0].text)
+        assert answer.result().choices[0].message.content in ("yes", "no", "maybe")
 
 
 def test_free_request_unchanged_beside_constrained_ones(client):
