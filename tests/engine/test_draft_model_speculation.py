@@ -14,6 +14,7 @@ import pytest
 
 from jaxllm import LLM, SamplingParams
 from jaxllm.testing.tiny_models import save_tiny_llama
+from tests.engine.same_outputs import assert_same_outputs
 
 MAX_MODEL_LEN = 256
 K = 3
@@ -63,19 +64,6 @@ def run(model_dir, **kw):
 @pytest.fixture(scope="module")
 def plain(tiny_llama_dir, jax_cache_dir):
     return run(tiny_llama_dir, compilation_cache_dir=jax_cache_dir)[1]
-
-
-def assert_same_outputs(ref, got):
-    for r, g in zip(ref, got, strict=True):
-        assert len(r.outputs) == len(g.outputs)
-        for a, b in zip(r.outputs, g.outputs, strict=True):
-            assert b.token_ids == a.token_ids, r.request_id
-            assert b.finish_reason == a.finish_reason
-            if a.logprobs is not None:
-                for pa, pb in zip(a.logprobs, b.logprobs, strict=True):
-                    assert pa.keys() == pb.keys()
-                    for t in pa:
-                        assert pb[t].logprob == pytest.approx(pa[t].logprob, abs=1e-4)
 
 
 def test_a_noisy_draft_changes_no_output(tiny_llama_dir, noisy_draft_dir, jax_cache_dir, plain):

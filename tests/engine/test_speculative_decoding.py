@@ -8,6 +8,7 @@ import pytest
 
 from jaxllm import LLM, SamplingParams
 from jaxllm.sampling_params import StructuredOutputsParams
+from tests.engine.same_outputs import assert_same_outputs
 
 MAX_MODEL_LEN = 512
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -69,17 +70,7 @@ def test_same_outputs_with_and_without_speculation(jax_cache_dir, plain):
     ref, ref_stats = plain
     got, stats = run(compilation_cache_dir=jax_cache_dir, speculative_config=SPEC)
     assert ref_stats.spec_decode_num_drafts == 0
-    for r, g in zip(ref, got, strict=True):
-        assert len(r.outputs) == len(g.outputs)
-        for a, b in zip(r.outputs, g.outputs, strict=True):
-            assert b.token_ids == a.token_ids, r.request_id
-            assert b.finish_reason == a.finish_reason
-            if a.logprobs is not None:
-                assert len(b.logprobs) == len(a.logprobs)
-                for pa, pb in zip(a.logprobs, b.logprobs):
-                    assert pa.keys() == pb.keys()
-                    for t in pa:
-                        assert pb[t].logprob == pytest.approx(pa[t].logprob, abs=1e-4)
+    assert_same_outputs(ref, got)
     # Proposals were made and some accepted: the outputs above were produced by verification steps.
     assert stats.spec_decode_num_drafts > 10, stats
     assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
