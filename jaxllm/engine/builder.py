@@ -27,6 +27,7 @@ from jaxllm.engine.batch_defaults import device_total_memory
 from jaxllm.engine.heap import collect_dropped_engines, freeze_startup_heap
 from jaxllm.engine.llm_engine import LLMEngine
 from jaxllm.engine_args import EngineArgs, Platform, flags_without_effect
+from jaxllm.hub import ModelNotFoundError
 from jaxllm.kernels.kv_quant import is_fp8
 from jaxllm.layers.attention import check_kv_cache_dtype, resolve_backend
 from jaxllm.loader import LoadedModel, load_weights, open_model, resolve_model
@@ -234,7 +235,12 @@ def _build_draft(config: EngineConfig, target: LoadedModel, cache_dir: str | Non
     where = f"speculative_config.model={spec.model!r}"
     if config.parallel.tensor_parallel_size > 1:
         raise ValueError(f"{where}: a draft model is served with tensor_parallel_size 1 only")
-    source = open_model(resolve_model(ModelSpec(model=spec.model, dtype=jax.numpy.dtype(target.dtype).name)))
+    try:
+        source = open_model(
+            resolve_model(ModelSpec(model=spec.model, dtype=jax.numpy.dtype(target.dtype).name))
+        )
+    except ModelNotFoundError as e:  # the same one-line error `jaxllm serve` prints, naming the key
+        raise ModelNotFoundError(f"{where}: {e}") from e
     draft = load_weights(source, config.runner.attention_backend)
     check_draft_vocabulary(where, draft, target)
     seqs = min(sched.max_num_seqs, max_speculating_requests(spec))

@@ -101,10 +101,13 @@ def test_the_target_as_its_own_draft_is_right_on_every_greedy_proposal(tiny_llam
     assert draft.pool.num_free_blocks == draft.pool.num_usable_blocks - held
 
 
-def test_a_draft_of_another_vocabulary_is_refused(tiny_llama_dir, tmp_path):
+def test_a_draft_of_another_vocabulary_or_missing_is_refused(tiny_llama_dir, tmp_path):
     other = save_tiny_llama(str(tmp_path / "other"), vocab_size=320, seed=1)
     with pytest.raises(ValueError, match=r"speculative_config.model=.*(tokenizer differs|vocabulary has)"):
         LLM(tiny_llama_dir, **ENGINE, speculative_config={"model": other, "num_speculative_tokens": K})
+    missing = str(tmp_path / "no-such-draft")
+    with pytest.raises(FileNotFoundError, match=r"speculative_config.model=.*no-such-draft"):
+        LLM(tiny_llama_dir, **ENGINE, speculative_config={"model": missing, "num_speculative_tokens": K})
 
 
 def test_with_compile_ahead_the_draft_traces_nothing_while_decoding(
