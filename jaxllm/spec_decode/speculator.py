@@ -63,7 +63,7 @@ class _RequestSpeculation:
     __slots__ = ("history", "steps", "on")
 
     def __init__(self) -> None:
-        self.history = TokenHistory()
+        self.history: TokenHistory | None = None  # prompt lookup's copy of the tokens, made on first use
         self.steps = 0  # decoding steps since it became eligible
         self.on = True
 
@@ -96,6 +96,7 @@ class Speculator:
         old, states = self._states, {}
         self._states = states
         wanting: list[tuple[Request, _RequestSpeculation]] = []
+        switched_off: list[str] = []
         if len(running) <= self.max_requests:  # (each schedule() drops the proposals it was given)
             for r in running:
                 if not eligible(r):
@@ -109,15 +110,19 @@ class Speculator:
                 judged = st.steps - 1  # steps whose results are in
                 if judged >= SWITCH_OFF_AFTER and r.spec_num_accepted_tokens < MIN_GAIN_PER_STEP * judged:
                     st.on = False
+                    switched_off.append(r.request_id)
                     continue
                 wanting.append((r, st))
         if self.draft is not None:
-            self.draft.forget([rid for rid in old if rid not in states or not states[rid].on])
+            # the draft holds the requests that were on: those gone since, and those switched off now
+            self.draft.forget([rid for rid, st in old.items() if st.on and rid not in states] + switched_off)
             proposals = self.draft.propose([r for r, _ in wanting]) if wanting else {}
             for r, _ in wanting:
                 r.spec_token_ids = proposals.get(r.request_id, [])
         else:
             for r, st in wanting:
+                if st.history is None:
+                    st.history = TokenHistory()
                 tokens = st.history.sync(r.prompt_token_ids, r.output_token_ids)
                 r.spec_token_ids = propose_ngram(
                     tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens
