@@ -37,7 +37,7 @@ from benchmarks.gemm_shapes import groups
 from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
 from jaxllm.kernels.int4_reference import dequantize_int4
-from jaxllm.kernels.w4a16_matmul import CODES_LAYOUTS, default_config, w4a16_matmul
+from jaxllm.kernels.w4a16_matmul import default_config, w4a16_matmul
 
 warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")
 
@@ -62,16 +62,10 @@ def make_layers(m: int, k: int, n: int, g: int, layers: int, seed: int = 0):
     return xs, int4, dense
 
 
-def kernel_fn(interpret: bool, knobs: dict, codes_layout: str = "kn"):
-    """The kernel over every layer; with "nk" it is handed each layer's codes transposed (made once, before
-    timing: a model would store them so)."""
-
+def kernel_fn(interpret: bool, knobs: dict):
     @jax.jit
     def run(xs, ws):
-        return [
-            w4a16_matmul(x, *w, codes_layout=codes_layout, interpret=interpret, **knobs)
-            for x, w in zip(xs, ws, strict=True)
-        ]
+        return [w4a16_matmul(x, *w, interpret=interpret, **knobs) for x, w in zip(xs, ws, strict=True)]
 
     return run
 
@@ -156,15 +150,13 @@ def bench_row(name, m, k, n, g, args, bandwidth) -> dict:
     )
     ref = xla_dequant_dot(xs[:1], int4[:1])[0]
     candidates = sweep_knobs(m, k, n, g) if args.sweep else [{}]
-    row["codes_layout"] = args.codes_layout
-    codes = int4 if args.codes_layout == "kn" else [(jnp.asarray(q.T), s, z) for q, s, z in int4]
     tried = []
     for knobs in candidates:
         entry = {"knobs": knobs}
         try:
-            fn = kernel_fn(args.interpret, knobs, args.codes_layout)
-            entry["max_rel_err_vs_xla"] = max_rel_err(fn(xs[:1], codes[:1])[0], ref)
-            entry.update(measure(time_per_layer(fn, xs, codes, args.warmup, args.reps), q_bytes, bandwidth))
+            fn = kernel_fn(args.interpret, knobs)
+            entry["max_rel_err_vs_xla"] = max_rel_err(fn(xs[:1], int4[:1])[0], ref)
+            entry.update(measure(time_per_layer(fn, xs, int4, args.warmup, args.reps), q_bytes, bandwidth))
         except Exception as e:  # noqa: BLE001 - a knob set that fails to lower/compile is recorded, not fatal
             entry["error"] = (
                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
@@ -216,12 +208,6 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=50)
     p.add_argument(
         "--sweep", action="store_true", help="also time tiles around the default, one knob at a time"
-    )
-    p.add_argument(
-        "--codes-layout",
-        choices=CODES_LAYOUTS,
-        default="kn",
-        help="the kernel's codes: kn (the canonical u8[K/2, N]) or nk (transposed, u8[N, K/2])",
     )
     p.add_argument("--copy-mb", type=int, default=1024, help="size of the measured device copy (0: skip)")
     p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (a CPU smoke run)")

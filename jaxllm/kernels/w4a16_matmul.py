@@ -57,11 +57,10 @@ from jax.experimental.pallas import triton as plgpu
 from jaxllm.kernels.int4_reference import group_size_of
 from jaxllm.kernels.ragged_batch import next_pow2
 
-__all__ = ["CODES_LAYOUTS", "DTYPES", "KNOBS", "default_config", "resolve_config", "w4a16_matmul"]
+__all__ = ["DTYPES", "KNOBS", "default_config", "resolve_config", "w4a16_matmul"]
 
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 DTYPE_NAMES = tuple(jnp.dtype(d).name for d in DTYPES)
-CODES_LAYOUTS = ("kn", "nk")
 KNOBS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")
 # bf16 / f16 operands are bias + code (_codes_as); the kernel subtracts bias * rowsum(x) with the zero.
 CODE_BIAS = {"bfloat16": 128.0, "float16": 1024.0}
@@ -75,7 +74,7 @@ TARGET_PROGRAMS = 264
 
 def _w4a16_kernel(
     x_ref,  # [M, K]  (every row; this program reads its bm rows masked to M)
-    qw_ref,  # u8[K/2, bn] ("kn") | u8[bn, K/2] ("nk")
+    qw_ref,  # u8[K/2, bn]
     s_ref,  # [K/g, bn]
     z_ref,  # [K/g, bn]
     o_ref,  # [M, bn]  x's dtype; f32 partial sums of split c when split_k > 1 (split axis squeezed)
@@ -86,8 +85,6 @@ def _w4a16_kernel(
     group_size: int,
     num_steps: int,
     split_k: int,
-    codes_layout: str,
-    asm_nibbles: bool,
 ):
     m_rows = x_ref.shape[0]
     m0 = pl.program_id(0) * block_m
@@ -103,15 +100,9 @@ def _w4a16_kernel(
             x = plgpu.load(x_tile, mask=rows_valid[:, None], other=0.0)  # [bm, sub_k]
             x_even, x_odd = jnp.unstack(x.reshape(block_m, half, 2), axis=-1)  # [bm, sub_k/2] each
             kp0 = pl.multiple_of(step * (block_k // 2) + j * half, half)  # packed row of input k0
-            if codes_layout == "kn":
-                packed = qw_ref[pl.ds(kp0, half), :]  # u8[sub_k/2, bn]
-            else:  # K-contiguous rows, transposed in the kernel: the dot reads them with ldmatrix
-                packed = qw_ref[:, pl.ds(kp0, half)].T
-            if asm_nibbles:
-                q_lo, q_hi = _nibbles_asm(packed, x.dtype)
-            else:
-                q_lo = _codes_as(packed & 0xF, x.dtype)  # rows k0, k0 + 2, ... of the dense tile, + bias
-                q_hi = _codes_as(packed >> 4, x.dtype)  # rows k0 + 1, k0 + 3, ...
+            packed = qw_ref[pl.ds(kp0, half), :]  # u8[sub_k/2, bn]
+            q_lo = _codes_as(packed & 0xF, x.dtype)  # rows k0, k0 + 2, ... of the dense tile, + bias
+            q_hi = _codes_as(packed >> 4, x.dtype)  # rows k0 + 1, k0 + 3, ...
             # HIGHEST: f32 operands in IEEE f32, not TF32 (Triton's default); bf16/f16 are unaffected.
             part = plgpu.dot(x_even, q_lo, precision=HIGHEST) + plgpu.dot(x_odd, q_hi, precision=HIGHEST)
             group = k0 // group_size
@@ -136,46 +127,6 @@ def _codes_as(codes, dtype):  # u8[r, c] (0..15) -> dtype[r, c]: codes + CODE_BI
         return codes.astype(dtype)
     magic = CODE_BIAS_BITS[name]
     return lax.bitcast_convert_type(codes.astype(jnp.uint16) | magic, dtype)
-
-
-# Four code bytes in a 32-bit register -> their low (or high) nibbles as four 16-bit floats bias + code
-# in two registers: `prmt` spreads bytes 0,1 (2,3) into the two halves of a word, `lop3` masks the nibble
-# and ORs the bias's bits in ((a & b) | c: 0xEA), two weights per instruction. {bias} is filled per dtype.
-_NIBBLE_ASM = {
-    "lo": """{{
-.reg .b32 t0, t1;
-prmt.b32 t0, $2, 0, 0x4140;
-prmt.b32 t1, $2, 0, 0x4342;
-lop3.b32 $0, t0, 0x000F000F, {bias}, 0xea;
-lop3.b32 $1, t1, 0x000F000F, {bias}, 0xea;
-}}""",
-    "hi": """{{
-.reg .b32 s, t0, t1;
-shr.u32 s, $2, 4;
-prmt.b32 t0, s, 0, 0x4140;
-prmt.b32 t1, s, 0, 0x4342;
-lop3.b32 $0, t0, 0x000F000F, {bias}, 0xea;
-lop3.b32 $1, t1, 0x000F000F, {bias}, 0xea;
-}}""",
-}
-
-
-def _nibbles_asm(packed, dtype):  # u8[r, c] -> (lo, hi) dtype[r, c]: bias + code, as _codes_as
-    """_codes_as(packed & 0xF) and _codes_as(packed >> 4) in inline PTX (GPU only, 16-bit floats): the
-    jnp form converts each byte alone (mask, widen, OR: several instructions a weight, which bound the
-    kernel by instruction issue below the memory bandwidth); this one handles two weights per op."""
-    bits = CODE_BIAS_BITS[jnp.dtype(dtype).name]
-    out = jax.ShapeDtypeStruct(packed.shape, dtype)
-    return tuple(
-        plgpu.elementwise_inline_asm(
-            _NIBBLE_ASM[half].format(bias=hex(bits << 16 | bits)),
-            args=[packed],
-            constraints="=r,=r,r",
-            pack=4,
-            result_shape_dtypes=[out],
-        )[0]
-        for half in ("lo", "hi")
-    )
 
 
 def split_steps(num_steps: int, split, split_k: int):
@@ -264,17 +215,15 @@ def resolve_config(m: int, k: int, n: int, group_size: int, **knobs) -> dict:
     return cfg
 
 
-def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, codes_layout: str, interpret):
+def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, interpret):
     """One pallas_call over the (M, N, split) grid; returns [M, N] in x's dtype."""
     m, k = x.shape
-    n = scales.shape[1]
+    n = qweight.shape[1]
     bm, bn, bk, split_k = cfg["block_m"], cfg["block_n"], cfg["block_k"], cfg["split_k"]
     grid = (pl.cdiv(m, bm), n // bn, split_k)
     in_specs = [
         pl.BlockSpec((m, k), lambda i, j, c: (0, 0)),
-        pl.BlockSpec((k // 2, bn), lambda i, j, c: (0, j))
-        if codes_layout == "kn"
-        else pl.BlockSpec((bn, k // 2), lambda i, j, c: (j, 0)),
+        pl.BlockSpec((k // 2, bn), lambda i, j, c: (0, j)),
         pl.BlockSpec((scales.shape[0], bn), lambda i, j, c: (0, j)),
         pl.BlockSpec((zeros.shape[0], bn), lambda i, j, c: (0, j)),
     ]
@@ -292,9 +241,6 @@ def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, codes_layo
         group_size=group_size,
         num_steps=k // bk,
         split_k=split_k,
-        codes_layout=codes_layout,
-        # the PTX form where it runs (a GPU) and is exact (16-bit floats); the "kn" layout keeps the jnp form
-        asm_nibbles=codes_layout == "nk" and not interpret and jnp.dtype(x.dtype).name in CODE_BIAS,
     )
     out = pl.pallas_call(
         kernel,
@@ -304,28 +250,22 @@ def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, codes_layo
         out_shape=out_shape,
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-        name=f"w4a16_matmul_{codes_layout}_bm{bm}_bn{bn}_bk{bk}_sk{split_k}",
+        name=f"w4a16_matmul_bm{bm}_bn{bn}_bk{bk}_sk{split_k}",
     )(x, qweight, scales, zeros)
     if split_k == 1:
         return out
     return jnp.sum(out, axis=0).astype(x.dtype)
 
 
-def _check_inputs(x, qweight, scales, zeros, codes_layout: str = "kn") -> int:
-    """The layout contract (int4_reference.py; "nk": qweight transposed); returns the group size."""
-    if codes_layout not in CODES_LAYOUTS:
-        raise ValueError(f"codes_layout={codes_layout!r} must be one of {CODES_LAYOUTS}")
+def _check_inputs(x, qweight, scales, zeros) -> int:
+    """The layout contract (int4_reference.py); returns the group size."""
     if x.ndim != 2 or jnp.dtype(x.dtype).name not in DTYPE_NAMES:
         raise ValueError(f"x must be [M, K] in one of {DTYPE_NAMES}, got {x.dtype}{list(x.shape)}")
     m, k = x.shape
-    kn = codes_layout == "kn"
-    if qweight.dtype != jnp.uint8 or qweight.ndim != 2 or 2 * qweight.shape[0 if kn else 1] != k:
-        want = "u8[K/2, N]" if kn else "u8[N, K/2]"
+    if qweight.dtype != jnp.uint8 or qweight.ndim != 2 or 2 * qweight.shape[0] != k:
         raise ValueError(
-            f"qweight must be {want} with K={k} (x.shape[1]), got {qweight.dtype}{list(qweight.shape)}"
+            f"qweight must be u8[K/2, N] with K={k} (x.shape[1]), got {qweight.dtype}{list(qweight.shape)}"
         )
-    if not kn:
-        qweight = qweight.T  # (a view of the shape only: group_size_of reads shapes)
     n = qweight.shape[1]
     for name, a in (("scales", scales), ("zeros", zeros)):
         if a.ndim != 2 or a.shape[1] != n or not jnp.issubdtype(a.dtype, jnp.floating):
@@ -340,10 +280,10 @@ def _check_inputs(x, qweight, scales, zeros, codes_layout: str = "kn") -> int:
     return g
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "codes_layout", *KNOBS))
+@functools.partial(jax.jit, static_argnames=("interpret", *KNOBS))
 def w4a16_matmul(
     x,  # [M, K]  bf16 / f16 / f32
-    qweight,  # u8[K/2, N] ("kn", int4_reference.py's layout) | u8[N, K/2] ("nk": its transpose)
+    qweight,  # u8[K/2, N]
     scales,  # [K/g, N]  float
     zeros,  # [K/g, N]  float
     *,
@@ -353,20 +293,16 @@ def w4a16_matmul(
     block_m: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    codes_layout: str = "kn",
     interpret: bool = False,
 ):  # -> [M, N] in x's dtype
     """x @ w with w = (q - zeros) * scales in the canonical int4 layout, accumulated in float32.
 
     Same result as ref_w4a16_matmul up to float32 summation order and the final rounding to x's dtype.
     Knobs left as None take default_config's choice; the rest are checked (resolve_config).
-    codes_layout "nk" takes the codes transposed (qweight.T of the canonical layout: each column's bytes
-    contiguous along K), which the mma reads from shared memory with ldmatrix instead of a byte at a time,
-    and on a GPU turns nibbles into 16-bit floats in inline PTX, two weights an instruction.
     """
-    g = _check_inputs(x, qweight, scales, zeros, codes_layout)
+    g = _check_inputs(x, qweight, scales, zeros)
     m, k = x.shape
-    n = scales.shape[1]
+    n = qweight.shape[1]
     if m == 0:
         return jnp.zeros((0, n), x.dtype)
     cfg = resolve_config(
@@ -377,6 +313,4 @@ def w4a16_matmul(
         # float32 x tiles are twice bf16's: one stage fewer keeps the pipeline within Hopper's 227 KiB
         # of shared memory (3 stages of a 128-row f32 tile asked for 232 KiB on an H100)
         cfg["num_stages"] = max(2, cfg["num_stages"] - 1)
-    return _launch(
-        x, qweight, scales, zeros, cfg, group_size=g, codes_layout=codes_layout, interpret=interpret
-    )
+    return _launch(x, qweight, scales, zeros, cfg, group_size=g, interpret=interpret)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import pytest
-
 from benchmarks import w4a16_matmul as bench
 
 
@@ -25,14 +23,12 @@ def test_sweep_knobs_are_valid_overrides():
     }
 
 
-@pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_report(tmp_path, layout):
+def test_report(tmp_path):
     out = tmp_path / "w4a16.json"
     bench.main(["--model", "tiny-llama", "--tokens", "3", "--layers", "1", "--warmup", "0", "--reps", "1",
-                "--copy-mb", "1", "--interpret", "--codes-layout", layout, "--output-json", str(out)])  # fmt: skip
+                "--copy-mb", "1", "--interpret", "--output-json", str(out)])  # fmt: skip
     result = json.loads(out.read_text())
     rows = result["results"]["rows"]
-    assert {r["codes_layout"] for r in rows} == {layout}
     assert [(r["tokens"], r["group"]) for r in rows] == [(3, g) for g in ("qkv", "o", "gate_up", "down")]
     for r in rows:
         assert r["w4a16"]["max_rel_err_vs_xla"] < 2**-7, r
@@ -44,9 +40,7 @@ def test_report(tmp_path, layout):
 
 def test_sweep_row():
     """--sweep times every knob set and names the fastest; all of them are correct."""
-    args = argparse.Namespace(
-        layers=1, warmup=0, reps=1, interpret=True, sweep=True, verbose=False, codes_layout="kn"
-    )
+    args = argparse.Namespace(layers=1, warmup=0, reps=1, interpret=True, sweep=True, verbose=False)
     row = bench.bench_row("o", 1, 256, 64, 32, args, bandwidth=1e12)
     assert len(row["sweep"]) == len(bench.sweep_knobs(1, 256, 64, 32)) > 1
     assert all(e["max_rel_err_vs_xla"] < 2**-7 for e in row["sweep"]), row["sweep"]

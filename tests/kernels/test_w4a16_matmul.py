@@ -8,7 +8,6 @@ too, and, where the `triton` package is installed, its compilation to sm_90 mach
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
 
@@ -25,7 +24,7 @@ from jaxllm.kernels.int4_reference import (
     unpack_int4,
 )
 from jaxllm.kernels.w4a16_matmul import default_config, resolve_config, split_steps, w4a16_matmul
-from tests.kernels.triton_sm90 import assert_compiles_for_sm90, local_memory_in_loops, lower_for_h100
+from tests.kernels.triton_sm90 import assert_compiles_for_sm90, lower_for_h100
 
 # Largest |out - ref| / max|ref| allowed: the output's rounding to its dtype (half an ulp relative to the
 # element, below that relative to the largest) plus float32 summation-order differences (for float32 a
@@ -77,15 +76,12 @@ def max_rel_err(out, ref) -> float:
     return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def check(dtype, m, shape, g, split_k, interpret, seed=0, codes_layout="kn", **kw):
+def check(dtype, m, shape, g, split_k, interpret, seed=0, **kw):
     k, n = shape
     g = k if g == "K" else g
     qweight, scales, zeros = make_weights(k, n, g, dtype, seed)
     x = make_x(m, k, dtype, seed + 1)
-    codes = qweight if codes_layout == "kn" else qweight.T
-    out = w4a16_matmul(
-        x, codes, scales, zeros, split_k=split_k, codes_layout=codes_layout, interpret=interpret, **kw
-    )
+    out = w4a16_matmul(x, qweight, scales, zeros, split_k=split_k, interpret=interpret, **kw)
     assert out.shape == (m, n) and out.dtype == x.dtype
     assert np.isfinite(np.asarray(out, np.float32)).all()
     ref = ref_w4a16_matmul(x, qweight, scales, zeros)  # float32 math
@@ -101,13 +97,6 @@ def _id(case):
 @pytest.mark.parametrize("case", SMALL, ids=_id)
 def test_matches_reference(case, interpret):
     check(*case, interpret=interpret)
-
-
-@pytest.mark.parametrize("case", SMALL, ids=_id)
-def test_transposed_codes_match_reference(case, interpret):
-    """codes_layout="nk": the same product from qweight.T (on a GPU, with the nibbles turned into floats
-    by inline PTX for 16-bit x)."""
-    check(*case, interpret=interpret, codes_layout="nk")
 
 
 @pytest.mark.full_grid
@@ -288,12 +277,11 @@ LOWER = [  # (M, K, N, g, dtype): decode, a ragged prefill block, per channel, f
 ]
 
 
-def _lower_for_h100(m, k, n, g, dtype, codes_layout="kn"):
+def _lower_for_h100(m, k, n, g, dtype):
     """The op lowered for the "cuda" platform with an abstract H100: the HLO text."""
     sds = jax.ShapeDtypeStruct
-    codes = (k // 2, n) if codes_layout == "kn" else (n, k // 2)
-    args = (sds((m, k), dtype), sds(codes, jnp.uint8), sds((k // g, n), dtype), sds((k // g, n), dtype))
-    return lower_for_h100(functools.partial(w4a16_matmul, codes_layout=codes_layout), *args)
+    args = (sds((m, k), dtype), sds((k // 2, n), jnp.uint8), sds((k // g, n), dtype), sds((k // g, n), dtype))
+    return lower_for_h100(w4a16_matmul, *args)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
@@ -312,27 +300,3 @@ def test_compiles_for_sm90(case, monkeypatch, tmp_path):
     m, k, n, g, _ = case
     cfg = default_config(m, k, n, g)
     assert_compiles_for_sm90(lambda: _lower_for_h100(*case), cfg, monkeypatch, tmp_path)
-
-
-@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("case", LOWER[:3], ids=str)
-def test_transposed_codes_compile_for_sm90(case, monkeypatch, tmp_path):
-    """codes_layout="nk" with its inline PTX: accepted by ptxas for sm_90, and nothing spilled inside the
-    K loop (ptxas keeps a few of the loop's invariants in local memory around it: once per program)."""
-    m, k, n, g, _ = case
-    cfg = default_config(m, k, n, g)
-    lower = lambda: _lower_for_h100(*case, codes_layout="nk")  # noqa: E731
-    assert_compiles_for_sm90(lower, cfg, monkeypatch, tmp_path, spills="outside_loops")
-
-
-def test_local_memory_in_loops_by_hand():
-    sass = """
-        /*0010*/                   STL [R1], R0 ;
-        /*0020*/                   LDS R2, [R3] ;
-        /*0030*/                   LDL R4, [R1+0x4] ;
-        /*0040*/               @P0 BRA 0x20 ;
-        /*0050*/                   LDL.LU R9, [R1] ;
-        /*0060*/                   EXIT ;
-    """
-    assert local_memory_in_loops(sass) == ["LDL R4, [R1+0x4] "]
-    assert local_memory_in_loops(sass.replace("LDL R4", "LDS R4")) == []
