@@ -44,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxllm.kernels.ragged_batch import next_pow2
+from jaxllm.kernels.ragged_batch import next_pow2, owner
 
 __all__ = ["DTYPES", "default_tiles", "group_metadata", "grouped_matmul", "serves"]
 
@@ -88,7 +88,7 @@ def group_metadata(group_sizes: jax.Array, num_rows: int, block_m: int):
     offset = cum - count  # the group's first item
     w = pl.cdiv(num_rows, block_m) + e
     items = jnp.arange(w, dtype=jnp.int32)
-    group = jnp.minimum(jnp.searchsorted(cum, items, side="right"), e - 1).astype(jnp.int32)
+    group = jnp.minimum(owner(cum, items), e - 1)  # (not searchsorted: ragged_batch.owner says why)
     valid = items < cum[-1]
     tile = first[group] + items - offset[group]
     return jnp.where(valid, group, -1), jnp.where(valid, tile, 0), starts, ends

@@ -96,7 +96,10 @@ def sequence_lengths(md: AttentionMetadata, num_tokens: int) -> jax.Array:  # i3
     """Context length of the sequence each token belongs to (0 for padding rows)."""
     rows = jnp.arange(num_tokens, dtype=jnp.int32)
     s = md.kv_lens.shape[0]
-    seq_of = jnp.minimum(jnp.searchsorted(md.cu_q_lens[1:], rows, side="right"), s - 1)
+    # a vectorised compare, not searchsorted: its binary search is a while loop, which on a GPU reads its
+    # condition back to the host every iteration and so stalls the step's dispatch
+    ends = md.cu_q_lens[1:]
+    seq_of = jnp.minimum(jnp.sum(ends[None, :] <= rows[:, None], axis=1, dtype=jnp.int32), s - 1)
     return md.kv_lens[seq_of]
 
 
