@@ -28,10 +28,10 @@ Constraints (ValueError on violation): rows [M, K] and weights [E, K, N] of the 
 of two: bn the largest dividing N up to 128, bk the largest dividing K up to 64, bm from the average
 rows per group (16 to 64: decode routes a row or two to each expert, prefill hundreds).
 
-GPU status: tested in interpret mode on the CPU, and lowered to Triton IR for an H100 and compiled for
-sm_90 there (tests/kernels/test_grouped_matmul.py). It has not been run on a GPU in that testing:
-`pytest tests/kernels/test_grouped_matmul.py --gpu` and `python -m benchmarks.moe_grouped_gemm` there
-are what prove it.
+Testing: in interpret mode on the CPU, plus its Triton IR for an H100 compiled for sm_90 there
+(tests/kernels/test_grouped_matmul.py); `--gpu` runs the same cases compiled on a GPU, and
+`python -m benchmarks.moe_grouped_gemm` times it beside ragged_dot and a dense einsum (results and figures:
+docs/performance.md, "Mixture of experts").
 """
 
 from __future__ import annotations

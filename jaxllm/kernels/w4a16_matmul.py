@@ -37,11 +37,11 @@ would need the nibbles joined along K (join, transpose, reshape), which Triton l
 memory with register spills; two dots on the even / odd halves let it read the codes from its pipelined
 shared-memory buffer straight into the mma operand layout.
 
-GPU status: tested in interpret mode on the CPU, and lowered to Triton IR and compiled for sm_90 there
+Testing: in interpret mode on the CPU, plus its Triton IR compiled for sm_90 there
 (tests/kernels/test_w4a16_matmul.py: Triton's passes map the dots to mma.sync and pipeline the code
-loads through cp.async, with no register spills). It has not been run on a GPU in that testing: its
-results on one come from `pytest tests/kernels/test_w4a16_matmul.py --gpu` and benchmarks/w4a16_matmul.py,
-and until those are recorded its GPU path is unproven.
+loads through cp.async, with no register spills); `--gpu` runs the same cases compiled on a GPU.
+Its speed on one (benchmarks/w4a16_matmul.py) is far below the bandwidth bound: docs/performance.md,
+"Quantized models", says by how much and what was ruled out.
 """
 
 from __future__ import annotations
