@@ -1,8 +1,7 @@
 """The step's index computations have no XLA while loop: on a GPU a while loop reads its condition back to
 the host every iteration, so one inside the step blocks its dispatch until the device gets there (the host
-can no longer run ahead of the device). `jnp.searchsorted`'s default binary search is such a loop; it
-cost Qwen3-30B-A3B 8 loop iterations per grouped GEMM call (MemcpyD2D x 16 a layer in the H100 step
-profile, dispatch 25 ms a step against 8.4 ms of device work)."""
+can no longer run ahead of the device). `jnp.searchsorted`'s default binary search is such a loop (a
+`scan` of log2 steps), so the step's index lookups are vectorised compares instead."""
 
 from __future__ import annotations
 
