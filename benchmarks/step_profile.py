@@ -334,6 +334,11 @@ def main(argv=None) -> dict:
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        help="a --quantization method (random weights of its layout); the bound is then left out",
+    )
     p.add_argument("--decode", action="append", default=[], help="BATCHxCONTEXT, repeatable")
     p.add_argument("--mixed", action="append", default=[], help="DECODESxCONTEXT+PREFILLSxCHUNK, repeatable")
     p.add_argument("--reps", type=int, default=10)
@@ -387,10 +392,13 @@ def main(argv=None) -> dict:
         gpu_memory_utilization=args.gpu_memory_utilization,
         compile_ahead=False,
         attention_backend=args.attention_backend,
+        quantization=args.quantization,
     )
     runner = llm.llm_engine.runner
     randomize_kv(runner)
-    shape, hw = shape_for_model(args.model, args.dtype), kernel_hardware(args.hardware)
+    # roofline.py's shapes count bf16 / f32 weights; a quantized layout's bytes are in startup_info
+    shape = shape_for_model(args.model, args.dtype) if args.quantization is None else None
+    hw = kernel_hardware(args.hardware)
     rows = []
     for kind, (b, c), pf in cases:
         inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)

@@ -55,36 +55,56 @@ class ResearchInputs:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class SiteEdit:
-    """What happens to one site's activation in this step (see the module docstring)."""
+    """What happens to one site's activation in this step (see the module docstring): the step's
+    ResearchInputs read at the site's code. `apply_edit` turns it into one elementwise
+    expression over [T, H], unrolled over the slots, so that XLA fuses the whole edit into a single
+    kernel: a site costs one fusion, not a product, a dot and a scatter of its own (a step has 3L + 1
+    sites, and at decode sizes their kernel launches, not their bytes, are what research costs)."""
 
-    scale: jax.Array  # f32[T]
-    add: jax.Array  # f32[T, H]
-    patch_rows: jax.Array  # i32[P] (T: dropped)
-    patch_values: jax.Array  # f32[P, H]
+    inputs: ResearchInputs
+    code: jax.Array  # i32[] the site's code: an array, so that every layer shares one trace (layer_trace)
 
 
 def site_edit(ri: ResearchInputs, code: int) -> SiteEdit:
-    scale = jnp.prod(jnp.where((ri.scale_codes == code)[:, None], ri.scale_factors, 1.0), axis=0)
-    w = jnp.where((ri.steer_codes == code)[:, None], ri.steer_scales, 0.0)  # f32[J, T]
-    add = jnp.einsum("jt,jh->th", w, ri.steer_vectors)
-    t = ri.steer_scales.shape[1]
-    rows = jnp.where(ri.patch_codes == code, ri.patch_rows, t)
-    return SiteEdit(scale, add, rows, ri.patch_values)
+    return SiteEdit(ri, jnp.asarray(code, jnp.int32))
+
+
+def _row_scale(ri: ResearchInputs, code: int) -> jax.Array:  # f32[T]: the product of the code's factors
+    scale = None
+    for m in range(ri.scale_codes.shape[0]):
+        f = jnp.where(ri.scale_codes[m] == code, ri.scale_factors[m], 1.0)
+        scale = f if scale is None else scale * f
+    return scale
 
 
 def apply_edit(act: jax.Array, edit: SiteEdit | None) -> jax.Array:  # [T, H] -> [T, H]
     if edit is None:
         return act
-    out = act.astype(jnp.float32) * edit.scale[:, None] + edit.add
-    out = out.at[edit.patch_rows].set(edit.patch_values, mode="drop")
+    ri, code = edit.inputs, edit.code
+    t = act.shape[0]
+    out = act.astype(jnp.float32)
+    scale = _row_scale(ri, code)
+    if scale is not None:
+        out = out * scale[:, None]
+    for j in range(ri.steer_codes.shape[0]):  # + each steering vector of this code, times its row scales
+        w = jnp.where(ri.steer_codes[j] == code, ri.steer_scales[j], 0.0)  # f32[T]
+        out = out + w[:, None] * ri.steer_vectors[j][None, :]
+    rows = jnp.arange(t, dtype=jnp.int32)
+    for p in range(ri.patch_codes.shape[0]):  # patched rows replaced (the last of a row's patches wins)
+        hit = (ri.patch_codes[p] == code) & (rows == ri.patch_rows[p])  # bool[T]
+        out = jnp.where(hit[:, None], ri.patch_values[p][None, :], out)
     return out.astype(act.dtype)
 
 
 def head_factors(ri: ResearchInputs, layer: int, num_heads: int) -> jax.Array:  # f32[T, Nq]
-    """Per row and query head, the product of the head-scale slots of `layer` (1 where none asks)."""
-    hit = (ri.head_layers == layer)[:, None] & (jnp.arange(num_heads)[None, :] == ri.head_index[:, None])
-    per_slot = jnp.where(hit[:, None, :], ri.head_factors[:, :, None], 1.0)  # f32[K, T, Nq]
-    return jnp.prod(per_slot, axis=0)
+    """Per row and query head, the product of the head-scale slots of `layer` (1 where none asks),
+    unrolled over the slots (elementwise: it fuses into the attention output's scaling)."""
+    heads = jnp.arange(num_heads, dtype=jnp.int32)[None, :]
+    out = jnp.ones((ri.head_factors.shape[1], num_heads), jnp.float32)
+    for k in range(ri.head_layers.shape[0]):
+        hit = (ri.head_layers[k] == layer) & (heads == ri.head_index[k])  # bool[1, Nq]
+        out = out * jnp.where(hit, ri.head_factors[k][:, None], 1.0)
+    return out
 
 
 def empty_captures(ri: ResearchInputs, hidden: int, dtype) -> jax.Array:  # [C + 1, R, H]
@@ -96,7 +116,11 @@ def capture(buf: jax.Array, ri: ResearchInputs, code: int, act: jax.Array) -> ja
     c = ri.cap_codes.shape[0]
     if c == 0:
         return buf
-    match = jnp.concatenate([ri.cap_codes == code, jnp.ones((1,), bool)])
-    slot = jnp.argmax(match)  # the first slot with this code; C when none has it
+    # the slot, as a sum of scalar selects rather than an argmax: slot codes are unique (each code seen
+    # once, research_batch.py), and a scalar expression fuses into the update's kernel where a
+    # reduction would be a kernel of its own at every site
+    slot = jnp.int32(c)
+    for k in reversed(range(c)):  # the first slot with this code wins, as argmax's first match did
+        slot = jnp.where(ri.cap_codes[k] == code, jnp.int32(k), slot)
     rows = act[ri.cap_rows].astype(buf.dtype)  # [R, H]
     return jax.lax.dynamic_update_index_in_dim(buf, rows, slot, 0)
