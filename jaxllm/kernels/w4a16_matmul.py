@@ -70,9 +70,6 @@ HIGHEST = lax.Precision.HIGHEST
 # Programs the split-K heuristic aims for: two per SM of an H100/H200 (132 SMs), so one slow program
 # does not leave an SM idle at the end of the launch.
 TARGET_PROGRAMS = 264
-# Sub-blocks (quantization groups) per K step default_config allows: their scale and zero rows are
-# prefetched a step ahead in registers, and more of them (groups of 32 with 256-input steps) spill.
-PREFETCH_SUBS = 2
 
 
 def _w4a16_kernel(
@@ -95,23 +92,9 @@ def _w4a16_kernel(
     lo, hi = split_steps(num_steps, pl.program_id(2), split_k)
     half = sub_k // 2
     bias = CODE_BIAS.get(jnp.dtype(x_ref.dtype).name, 0.0)
-    subs = block_k // sub_k
 
-    def group_rows(step):  # per sub-block of `step`: its group's scale and zero rows, [1, bn] each
-        rows = []
-        for j in range(subs):
-            group = (step * block_k + j * sub_k) // group_size
-            rows.append((s_ref[pl.ds(group, 1), :], z_ref[pl.ds(group, 1), :]))
-        return tuple(rows)
-
-    def body(step, carry):  # acc: f32[bm, bn]; rows: this step's scale / zero rows, loaded a step ahead
-        acc, rows = carry
-        # Next step's rows (the last step reloads its own): their load is in flight during this step's
-        # dots. Loaded at the point of use they would cost a memory round trip per sub-block, which
-        # Triton's pipeliner does not hide (a [1, bn] row is under the 4 bytes a thread an async copy
-        # needs) and which alone held the kernel far below the bandwidth bound.
-        next_rows = group_rows(jnp.minimum(step + 1, hi - 1))
-        for j in range(subs):
+    def body(step, acc):  # acc: f32[bm, bn]
+        for j in range(block_k // sub_k):
             k0 = pl.multiple_of(step * block_k + j * sub_k, sub_k)
             x_tile = x_ref.at[pl.ds(m0, block_m), pl.ds(k0, sub_k)]  # one indexer: interpret mode pads it
             x = plgpu.load(x_tile, mask=rows_valid[:, None], other=0.0)  # [bm, sub_k]
@@ -122,16 +105,14 @@ def _w4a16_kernel(
             q_hi = _codes_as(packed >> 4, x.dtype)  # rows k0 + 1, k0 + 3, ...
             # HIGHEST: f32 operands in IEEE f32, not TF32 (Triton's default); bf16/f16 are unaffected.
             part = plgpu.dot(x_even, q_lo, precision=HIGHEST) + plgpu.dot(x_odd, q_hi, precision=HIGHEST)
-            s = rows[j][0].astype(jnp.float32)  # f32[1, bn]
-            z = rows[j][1].astype(jnp.float32)  # f32[1, bn]
+            group = k0 // group_size
+            s = s_ref[pl.ds(group, 1), :].astype(jnp.float32)  # f32[1, bn]
+            z = z_ref[pl.ds(group, 1), :].astype(jnp.float32)  # f32[1, bn]
             x_sum = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)  # f32[bm, 1]
             acc = acc + part * s - x_sum * ((z + bias) * s)  # the codes' bias goes with the zero
-        return acc, next_rows
+        return acc
 
-    # an empty run (lo == hi: a split_k the caller chose past the steps) loads the last step's rows unused
-    first_rows = group_rows(jnp.minimum(lo, num_steps - 1))
-    acc0 = jnp.zeros((block_m, o_ref.shape[1]), jnp.float32)
-    acc, _ = lax.fori_loop(lo, hi, body, (acc0, first_rows))
+    acc = lax.fori_loop(lo, hi, body, jnp.zeros((block_m, o_ref.shape[1]), jnp.float32))
     plgpu.store(o_ref.at[pl.ds(m0, block_m), :], acc.astype(o_ref.dtype), mask=rows_valid[:, None])
 
 
@@ -186,9 +167,7 @@ def default_config(m: int, k: int, n: int, group_size: int) -> dict:
     """
     bm = min(max(MIN_DOT, next_pow2(m)), 128)
     bn = _largest_pow2_divisor(n, 128 if bm <= 64 else 64)
-    # at most PREFETCH_SUBS sub-blocks (groups) a step: each keeps its scale and zero rows in registers
-    # from one step to the next (the kernel's prefetch)
-    bk = min(256 if bm <= 32 else 128, PREFETCH_SUBS * group_size)
+    bk = 256 if bm <= 32 else 128
     while bk > 2 * MIN_DOT and not _block_k_fits(bk, k, group_size):
         bk //= 2  # 32 always fits: it divides g, which divides K (_check_inputs)
     steps = k // bk
