@@ -56,6 +56,7 @@ from jaxllm.models.research_hooks import (
     capture,
     empty_captures,
     head_factors,
+    research_tables,
     site_edit,
 )
 from jaxllm.quantization.scheme import LayerQuant
@@ -287,21 +288,22 @@ class LlamaForCausalLM(nn.Module):
             return self.norm(x), new_caches
         n = a.num_layers
         caps = empty_captures(research, a.hidden_size, x.dtype)
+        tables = research_tables(research, n, a.num_heads)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             edits = (
-                site_edit(research, n + i),
-                site_edit(research, 2 * n + i),
-                head_factors(research, i, a.num_heads),
+                site_edit(tables, n + i),
+                site_edit(tables, 2 * n + i),
+                head_factors(tables, i),
             )
             x, kv_cache, h, m = call_layer(
                 self, layer, x, kv_cache, md, inv_freq, edits, attention_factor=attention_factor
             )
-            x = apply_edit(x, site_edit(research, i))
+            x = apply_edit(x, site_edit(tables, i))
             for code, act in ((i, x), (n + i, h), (2 * n + i, m)):
-                caps = capture(caps, research, code, act)
+                caps = capture(caps, tables, code, act)
             new_caches.append(kv_cache)
         x = self.norm(x)
-        return x, new_caches, capture(caps, research, 3 * n, x)
+        return x, new_caches, capture(caps, tables, 3 * n, x)
 
     def fused_groups(self) -> tuple[FusedGroup, ...]:
         """The fused projections of every layer, for the loader (which gets the checkpoint's parts)."""

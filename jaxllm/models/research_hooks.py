@@ -3,7 +3,7 @@
 A step with research (`ResearchInputs`, arrays of static shape) runs a variant of the model step in which
 each layer site's activation `a` (code c) becomes
 
-    a' = a * scale_c + steer_c, then the patched rows replaced        (`SiteEdit`, built by `site_edit`)
+    a' = a * scale_c + steer_c, then the patched rows replaced        (`apply_edit`)
 
   - scale_c f32[T]: the product of the factors of the scale slots whose code is c, per row (1 elsewhere);
   - steer_c [T, H]: the steering slots' scale[:, rows] masked to code c, times their vectors;
@@ -12,7 +12,8 @@ and a head's output inside attention (before o_proj) is scaled by `head_factors`
 of each captured site (code in `cap_codes`) at the rows `cap_rows` is copied into its slot of a
 [C + 1, R, H] buffer (slot C takes what no slot asked for and is dropped). Captures read a'.
 Which sites, layers, heads and rows are data, not program: any mix of requests runs the variant of its
-bucket (R, C and the slot counts), never a new trace for new layers or sites.
+bucket (R, C and the slot counts), never a new trace for new layers or sites. The slots are arranged by
+site code once per step (`research_tables`); each site then reads its rows of those tables.
 
 Site codes: "residual.i" -> i, "attn_out.i" -> L + i, "mlp_out.i" -> 2L + i, "final_norm" -> 3L;
 -1 is an unused slot. Logits are captured by the step itself (a flag of the variant), not by code.
@@ -54,73 +55,84 @@ class ResearchInputs:
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
-class SiteEdit:
-    """What happens to one site's activation in this step (see the module docstring): the step's
-    ResearchInputs read at the site's code. `apply_edit` turns it into one elementwise
-    expression over [T, H], unrolled over the slots, so that XLA fuses the whole edit into a single
-    kernel: a site costs one fusion, not a product, a dot and a scatter of its own (a step has 3L + 1
-    sites, and at decode sizes their kernel launches, not their bytes, are what research costs)."""
+class ResearchTables:
+    """A step's ResearchInputs arranged by site code (S = 3L + 1 codes), made once per step by
+    `research_tables`, so that what a site does is a few rows read at its code: its edit is one
+    elementwise expression over [T, H] that XLA fuses into a single kernel, and its capture fuses into
+    the buffer's update. Made per site from the slots instead, each site was a product, a dot, a scatter
+    and an argmax of its own (about 4 kernels at each of the 3L + 1 sites of a step: at decode sizes their
+    launches, not their bytes, are what research costs)."""
 
-    inputs: ResearchInputs
+    scale: jax.Array  # f32[S, T] the product of each code's scale factors per row (1: none)
+    steer: jax.Array  # f32[S, J, T] each steering slot's row scales at its own code (0 elsewhere)
+    vectors: jax.Array  # f32[J, H] the steering vectors
+    patch: jax.Array  # i32[S, T] the patch that replaces each code's row (the last one given), -1: none
+    patch_values: jax.Array  # f32[P, H]
+    slot: jax.Array  # i32[S] the capture slot of each code (C: none asks for it)
+    cap_rows: jax.Array  # i32[R]
+    heads: jax.Array  # f32[L, T, Nq] the product of each layer's head-scale slots per row and head
+
+
+def research_tables(ri: ResearchInputs, num_layers: int, num_heads: int) -> ResearchTables:
+    n_codes = len(LAYER_SITES) * num_layers + 1
+    t = ri.steer_scales.shape[1]
+    code = jnp.arange(n_codes, dtype=jnp.int32)[:, None]  # [S, 1]
+    scale = jnp.prod(jnp.where((ri.scale_codes[None, :] == code)[:, :, None], ri.scale_factors[None], 1.0), 1)
+    steer = jnp.where((ri.steer_codes[None, :] == code)[:, :, None], ri.steer_scales[None], 0.0)
+    rows = jnp.arange(t, dtype=jnp.int32)
+    hit = (ri.patch_codes[None, :] == code)[:, :, None] & (ri.patch_rows[None, :, None] == rows)  # [S, P, T]
+    patch_ids = jnp.arange(ri.patch_codes.shape[0], dtype=jnp.int32)[None, :, None]
+    patch = jnp.max(jnp.where(hit, patch_ids, -1), axis=1, initial=-1)
+    asks = ri.cap_codes[None, :] == code  # [S, C]; slot codes are unique (research_batch.py)
+    slot = jnp.where(asks.any(axis=1), jnp.argmax(asks, axis=1), ri.cap_codes.shape[0]).astype(jnp.int32)
+    layer = jnp.arange(num_layers, dtype=jnp.int32)
+    head_hit = (ri.head_layers[:, None] == layer)[:, :, None] & (  # [K, L, Nq]
+        ri.head_index[:, None] == jnp.arange(num_heads, dtype=jnp.int32)
+    )[:, None, :]
+    heads = jnp.prod(
+        jnp.where(head_hit[:, :, None, :], ri.head_factors[:, None, :, None], 1.0), axis=0
+    )  # [L, T, Nq]
+    return ResearchTables(scale, steer, ri.steer_vectors, patch, ri.patch_values, slot, ri.cap_rows, heads)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class SiteEdit:
+    """What happens to one site's activation in this step (see the module docstring)."""
+
+    tables: ResearchTables
     code: jax.Array  # i32[] the site's code: an array, so that every layer shares one trace (layer_trace)
 
 
-def site_edit(ri: ResearchInputs, code: int) -> SiteEdit:
-    return SiteEdit(ri, jnp.asarray(code, jnp.int32))
-
-
-def _row_scale(ri: ResearchInputs, code: int) -> jax.Array:  # f32[T]: the product of the code's factors
-    scale = None
-    for m in range(ri.scale_codes.shape[0]):
-        f = jnp.where(ri.scale_codes[m] == code, ri.scale_factors[m], 1.0)
-        scale = f if scale is None else scale * f
-    return scale
+def site_edit(tables: ResearchTables, code: int) -> SiteEdit:
+    return SiteEdit(tables, jnp.asarray(code, jnp.int32))
 
 
 def apply_edit(act: jax.Array, edit: SiteEdit | None) -> jax.Array:  # [T, H] -> [T, H]
     if edit is None:
         return act
-    ri, code = edit.inputs, edit.code
-    t = act.shape[0]
-    out = act.astype(jnp.float32)
-    scale = _row_scale(ri, code)
-    if scale is not None:
-        out = out * scale[:, None]
-    for j in range(ri.steer_codes.shape[0]):  # + each steering vector of this code, times its row scales
-        w = jnp.where(ri.steer_codes[j] == code, ri.steer_scales[j], 0.0)  # f32[T]
-        out = out + w[:, None] * ri.steer_vectors[j][None, :]
-    rows = jnp.arange(t, dtype=jnp.int32)
-    for p in range(ri.patch_codes.shape[0]):  # patched rows replaced (the last of a row's patches wins)
-        hit = (ri.patch_codes[p] == code) & (rows == ri.patch_rows[p])  # bool[T]
-        out = jnp.where(hit[:, None], ri.patch_values[p][None, :], out)
+    tb = edit.tables
+    w = tb.steer[edit.code]  # f32[J, T]
+    out = act.astype(jnp.float32) * tb.scale[edit.code][:, None]
+    for j in range(w.shape[0]):  # unrolled, so the sum stays elementwise and fuses (a dot would not)
+        out = out + w[j][:, None] * tb.vectors[j][None, :]
+    patch = tb.patch[edit.code]  # i32[T]
+    out = jnp.where((patch >= 0)[:, None], tb.patch_values[jnp.maximum(patch, 0)], out)
     return out.astype(act.dtype)
 
 
-def head_factors(ri: ResearchInputs, layer: int, num_heads: int) -> jax.Array:  # f32[T, Nq]
-    """Per row and query head, the product of the head-scale slots of `layer` (1 where none asks),
-    unrolled over the slots (elementwise: it fuses into the attention output's scaling)."""
-    heads = jnp.arange(num_heads, dtype=jnp.int32)[None, :]
-    out = jnp.ones((ri.head_factors.shape[1], num_heads), jnp.float32)
-    for k in range(ri.head_layers.shape[0]):
-        hit = (ri.head_layers[k] == layer) & (heads == ri.head_index[k])  # bool[1, Nq]
-        out = out * jnp.where(hit, ri.head_factors[k][:, None], 1.0)
-    return out
+def head_factors(tables: ResearchTables, layer: int) -> jax.Array:  # f32[T, Nq]
+    """Per row and query head, the product of the head-scale slots of `layer` (1 where none asks)."""
+    return tables.heads[layer]
 
 
 def empty_captures(ri: ResearchInputs, hidden: int, dtype) -> jax.Array:  # [C + 1, R, H]
     return jnp.zeros((ri.cap_codes.shape[0] + 1, ri.cap_rows.shape[0], hidden), dtype)
 
 
-def capture(buf: jax.Array, ri: ResearchInputs, code: int, act: jax.Array) -> jax.Array:
+def capture(buf: jax.Array, tables: ResearchTables, code: int, act: jax.Array) -> jax.Array:
     """Writes act[cap_rows] ([R, H]) into the slot asking for `code` (slot C when none does)."""
-    c = ri.cap_codes.shape[0]
-    if c == 0:
+    if buf.shape[0] == 1:  # no capture slots
         return buf
-    # the slot, as a sum of scalar selects rather than an argmax: slot codes are unique (each code seen
-    # once, research_batch.py), and a scalar expression fuses into the update's kernel where a
-    # reduction would be a kernel of its own at every site
-    slot = jnp.int32(c)
-    for k in reversed(range(c)):  # the first slot with this code wins, as argmax's first match did
-        slot = jnp.where(ri.cap_codes[k] == code, jnp.int32(k), slot)
-    rows = act[ri.cap_rows].astype(buf.dtype)  # [R, H]
-    return jax.lax.dynamic_update_index_in_dim(buf, rows, slot, 0)
+    rows = act[tables.cap_rows].astype(buf.dtype)  # [R, H]
+    return jax.lax.dynamic_update_index_in_dim(buf, rows, tables.slot[code], 0)
