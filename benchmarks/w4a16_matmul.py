@@ -1,6 +1,8 @@
 """The W4A16 GEMM (jaxllm/kernels/w4a16_matmul.py) against XLA on a layer's projection shapes, per token
 count: the Pallas kernel on int4 weights, XLA's bf16 dot on dense weights, and XLA running the jnp
-dequantize-then-dot on the same int4 weights (int4_reference.dequantize_int4, jitted).
+dequantize-then-dot on the same int4 weights (int4_reference.dequantize_int4, jitted), and XLA on the
+codes held as its own 4-bit type u4 (dequantize-then-dot, and one dot per group scaled after it), to see
+whether XLA's GEMM reads 4-bit weights in place.
 
     python -m benchmarks.w4a16_matmul --model llama-3.1-8b --tokens 1,8,32,128
     python -m benchmarks.w4a16_matmul --sweep        # plus tiles around the default, one knob at a time
@@ -34,7 +36,7 @@ import numpy as np
 from benchmarks.gemm_shapes import groups
 from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
-from jaxllm.kernels.int4_reference import dequantize_int4
+from jaxllm.kernels.int4_reference import dequantize_int4, unpack_int4
 from jaxllm.kernels.w4a16_matmul import default_config, w4a16_matmul
 
 warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")
@@ -76,6 +78,45 @@ def dense_dot(xs, ws):
 @jax.jit
 def xla_dequant_dot(xs, ws):
     return [x @ dequantize_int4(*w, dtype=x.dtype) for x, w in zip(xs, ws, strict=True)]
+
+
+def as_uint4(int4_layers):
+    """Per layer (codes as XLA's 4-bit type u4[K, N], scales, zeros): the same weights in the type XLA
+    stores two to a byte and its GPU GEMM emitter can read in place, made once, outside the timing."""
+    return [(unpack_int4(q).astype(jnp.uint4), s, z) for q, s, z in int4_layers]
+
+
+@jax.jit
+def xla_u4_dot(xs, ws):
+    """x @ ((q - z) * s) from u4 codes, left for XLA to fuse: whether its GEMM reads the 4-bit weight in
+    place (half a byte a weight) or materialises a dequantized copy first."""
+    out = []
+    for x, (q, s, z) in zip(xs, ws, strict=True):
+        k, n = q.shape
+        g = k // s.shape[0]
+        w = (q.astype(x.dtype).reshape(k // g, g, n) - z[:, None, :]) * s[:, None, :]
+        out.append(x @ w.reshape(k, n))
+    return out
+
+
+@jax.jit
+def xla_u4_grouped_dot(xs, ws):
+    """The same product as one dot per group, scaled after it: sum_g (x_g @ (q_g - z_g)) * s_g, so that
+    the GEMM's operand is the converted code alone (a convert XLA fuses into its operand load) and the
+    group scale multiplies a [K/g, M, N] float32 partial (small next to the weight at decode sizes)."""
+    out = []
+    for x, (q, s, z) in zip(xs, ws, strict=True):
+        k, n = q.shape
+        groups = s.shape[0]
+        xg = x.reshape(x.shape[0], groups, k // groups).transpose(1, 0, 2)  # [G, M, g]
+        part = jnp.einsum(
+            "gmk,gkn->gmn", xg, q.astype(x.dtype).reshape(groups, k // groups, n),
+            preferred_element_type=jnp.float32,
+        )  # fmt: skip
+        xsum = jnp.sum(xg.astype(jnp.float32), axis=2)  # [G, M]
+        y = jnp.sum(part * s[:, None, :] - xsum[:, :, None] * (z * s)[:, None, :], axis=0)
+        out.append(y.astype(x.dtype))
+    return out
 
 
 def time_per_layer(fn, xs, ws, warmup: int, reps: int) -> float:
@@ -147,6 +188,14 @@ def bench_row(name, m, k, n, g, args, bandwidth) -> dict:
         time_per_layer(xla_dequant_dot, xs, int4, args.warmup, args.reps), q_bytes, bandwidth
     )
     ref = xla_dequant_dot(xs[:1], int4[:1])[0]
+    u4 = as_uint4(int4)
+    for label, fn in (("xla_u4_dot", xla_u4_dot), ("xla_u4_grouped_dot", xla_u4_grouped_dot)):
+        try:  # XLA's own reading of 4-bit weights, beside the kernel (each checked against the reference)
+            row[label] = measure(time_per_layer(fn, xs, u4, args.warmup, args.reps), q_bytes, bandwidth)
+            row[label]["max_rel_err_vs_xla"] = max_rel_err(fn(xs[:1], u4[:1])[0], ref)
+        except Exception as e:  # noqa: BLE001 - a way XLA cannot compile here is recorded, not fatal
+            row[label] = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+    del u4
     candidates = sweep_knobs(m, k, n, g) if args.sweep else [{}]
     tried = []
     for knobs in candidates:
@@ -181,7 +230,8 @@ def describe(row) -> str:
         return f"{label} {e['us']:8.1f} us {e['gbps']:7.0f} GB/s ({100 * e['bound_share']:3.0f}% of bound)"
 
     cells = [cell("w4a16", row["w4a16"])]
-    cells += [cell(lab, row[lab]) for lab in ("bf16_dot", "xla_dequant_dot") if lab in row]
+    labels = ("bf16_dot", "xla_dequant_dot", "xla_u4_dot", "xla_u4_grouped_dot")
+    cells += [cell(lab, row[lab]) for lab in labels if lab in row]
     text = f"M={row['tokens']:>4} {row['group']:<8} K={row['k']:>5} N={row['n']:>5}  " + " | ".join(cells)
     if "max_rel_err_vs_xla" in row["w4a16"]:
         text += f" | err {row['w4a16']['max_rel_err_vs_xla']:.1e}"

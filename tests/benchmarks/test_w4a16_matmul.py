@@ -1,5 +1,6 @@
 """benchmarks/w4a16_matmul.py on a tiny model in interpret mode: one row per (token count, projection),
-the kernel checked against XLA's dequantize-then-dot, the byte counts those of the int4 layout."""
+the kernel and XLA's two ways on u4 codes checked against XLA's dequantize-then-dot, the byte counts
+those of the int4 layout."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_report(tmp_path):
         assert r["w4a16"]["weight_bytes"] == bench.int4_bytes(r["k"], r["n"], r["group_size"])
         assert r["bf16_dot"]["weight_bytes"] == 2 * r["k"] * r["n"]
         assert r["xla_dequant_dot"]["us"] > 0 and r["speedup_vs_bf16_dot"] > 0
+        for way in ("xla_u4_dot", "xla_u4_grouped_dot"):  # XLA on u4 codes: the same product
+            assert r[way]["max_rel_err_vs_xla"] < 2**-7 and r[way]["us"] > 0, (way, r[way])
     assert result["roofline"]["bandwidth"] > 0 and result["roofline"]["copy_bandwidth"] > 0
 
 
