@@ -60,8 +60,8 @@ class ResearchTables:
     `research_tables`, so that what a site does is a few rows read at its code: its edit is one
     elementwise expression over [T, H] that XLA fuses into a single kernel, and its capture fuses into
     the buffer's update. Made per site from the slots instead, each site was a product, a dot, a scatter
-    and an argmax of its own (about 4 kernels at each of the 3L + 1 sites of a step: at decode sizes their
-    launches, not their bytes, are what research costs)."""
+    and an argmax of its own: about 4 kernels at each of the 3L + 1 sites, each launched by the host, for
+    arrays that at decode sizes take the device next to no time."""
 
     scale: jax.Array  # f32[S, T] the product of each code's scale factors per row (1: none)
     steer: jax.Array  # f32[S, J, T] each steering slot's row scales at its own code (0 elsewhere)
