@@ -216,12 +216,52 @@ def mixed_inputs(runner, decodes: int, context: int, prefills: int, chunk: int):
     return inputs
 
 
+@dataclasses.dataclass
+class NeutralResearch:
+    """What ModelRunner._run_model reads of a ResearchBatch: a step's research inputs at the floors the
+    server compiles ahead (runner/research_batch.py), neutral values. The research variant runs the same
+    kernels whatever the values, so its cost is that of a step serving captures and steers."""
+
+    inputs: object
+    logits: bool = False
+
+
+def research_case(runner, inputs) -> NeutralResearch:
+    """The research variant of `inputs`' bucket compiled ahead, as the server's --enable-research-api
+    does for every bucket (runner/compiler.py: compile_research_later), and its neutral inputs."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxllm.runner.research_batch import research_dims, smallest_research_inputs
+    from jaxllm.runner.input_batch import packed_size
+
+    shape = inputs.shape
+    ri = smallest_research_inputs(shape[0], runner.hidden_size)
+    sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+    args = (
+        runner.params,
+        runner.kv_caches,
+        jax.ShapeDtypeStruct((packed_size(*shape),), jnp.int32),
+        jax.ShapeDtypeStruct((runner.ids_width,), jnp.int32),
+        jax.tree.map(sds, ri),
+    )
+    lowered = runner.compiler.step_jit(shape).lower(*args, shape=shape, all_logits=False, research_logits=False)
+    runner.compiler.ahead_research[(shape, research_dims(ri))] = lowered.compile()
+    return NeutralResearch(ri)
+
+
 def profile_step(
-    runner, inputs, reps: int, trace_dir: Path | None, host_events: bool = False, sequence: int = 0
+    runner,
+    inputs,
+    reps: int,
+    trace_dir: Path | None,
+    host_events: bool = False,
+    sequence: int = 0,
+    research: NeutralResearch | None = None,
 ) -> dict:
     import jax
 
-    run = lambda: runner._run_model(inputs, all_logits=False)  # noqa: E731
+    run = lambda: runner._run_model(inputs, all_logits=False, research=research)  # noqa: E731
     jax.block_until_ready(run())  # compile
     jax.block_until_ready(run())
     walls = []
@@ -246,7 +286,9 @@ def profile_step(
     # The same with the packed inputs already on the device, one buffer reused by every step: what the
     # host pays to copy them in and for the device addresses that change with each new input buffer.
     resident = dataclasses.replace(inputs, packed=jax.device_put(inputs.packed))
-    resident_ms, resident_dispatch_ms = train(lambda: runner._run_model(resident, all_logits=False))
+    resident_ms, resident_dispatch_ms = train(
+        lambda: runner._run_model(resident, all_logits=False, research=research)
+    )
     host_top = None
     if host_events:  # where the host's time to enqueue a step goes, over a traced back-to-back train
         with tempfile.TemporaryDirectory() as tmp:
@@ -343,6 +385,12 @@ def main(argv=None) -> dict:
     p.add_argument("--mixed", action="append", default=[], help="DECODESxCONTEXT+PREFILLSxCHUNK, repeatable")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument(
+        "--research",
+        action="store_true",
+        help="also profile each case's research variant (captures and edits compiled in, as the server's "
+        "--enable-research-api serves them; neutral inputs)",
+    )
+    p.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -400,13 +448,17 @@ def main(argv=None) -> dict:
     shape = shape_for_model(args.model, args.dtype) if args.quantization is None else None
     hw = kernel_hardware(args.hardware)
     rows = []
-    for kind, (b, c), pf in cases:
+    runs = [(case, False) for case in cases] + ([(case, True) for case in cases] if args.research else [])
+    for (kind, (b, c), pf), with_research in runs:
         inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)
-        label = f"{kind} {b}x{c}" + (f"+{pf[0]}x{pf[1]}" if pf else "")
+        label = f"{kind} {b}x{c}" + (f"+{pf[0]}x{pf[1]}" if pf else "") + (" research" if with_research else "")
         tdir = Path(args.trace_dir) / label.replace(" ", "-").replace("+", "_") if args.trace_dir else None
+        research = research_case(runner, inputs) if with_research else None
         row = {
             "case": label,
-            **profile_step(runner, inputs, args.reps, tdir, args.host_events, args.kernel_sequence),
+            **profile_step(
+                runner, inputs, args.reps, tdir, args.host_events, args.kernel_sequence, research=research
+            ),
         }
         if pf is None and shape is not None:
             row.update(decode_bound(decode_step_seconds(shape, [c] * b, hw), hw.name, row))
