@@ -232,8 +232,8 @@ def research_case(runner, inputs) -> NeutralResearch:
     import jax
     import jax.numpy as jnp
 
-    from jaxllm.runner.research_batch import research_dims, smallest_research_inputs
     from jaxllm.runner.input_batch import packed_size
+    from jaxllm.runner.research_batch import research_dims, smallest_research_inputs
 
     shape = inputs.shape
     ri = smallest_research_inputs(shape[0], runner.hidden_size)
@@ -245,7 +245,9 @@ def research_case(runner, inputs) -> NeutralResearch:
         jax.ShapeDtypeStruct((runner.ids_width,), jnp.int32),
         jax.tree.map(sds, ri),
     )
-    lowered = runner.compiler.step_jit(shape).lower(*args, shape=shape, all_logits=False, research_logits=False)
+    lowered = runner.compiler.step_jit(shape).lower(
+        *args, shape=shape, all_logits=False, research_logits=False
+    )
     runner.compiler.ahead_research[(shape, research_dims(ri))] = lowered.compile()
     return NeutralResearch(ri)
 
@@ -451,7 +453,9 @@ def main(argv=None) -> dict:
     runs = [(case, False) for case in cases] + ([(case, True) for case in cases] if args.research else [])
     for (kind, (b, c), pf), with_research in runs:
         inputs = decode_inputs(runner, b, c) if pf is None else mixed_inputs(runner, b, c, *pf)
-        label = f"{kind} {b}x{c}" + (f"+{pf[0]}x{pf[1]}" if pf else "") + (" research" if with_research else "")
+        label = (
+            f"{kind} {b}x{c}" + (f"+{pf[0]}x{pf[1]}" if pf else "") + (" research" if with_research else "")
+        )
         tdir = Path(args.trace_dir) / label.replace(" ", "-").replace("+", "_") if args.trace_dir else None
         research = research_case(runner, inputs) if with_research else None
         row = {
