@@ -2,7 +2,8 @@
 count: the Pallas kernel on int4 weights, XLA's bf16 dot on dense weights, and XLA running the jnp
 dequantize-then-dot on the same int4 weights (int4_reference.dequantize_int4, jitted), and XLA on the
 codes held as its own 4-bit type u4 (dequantize-then-dot, and one dot per group scaled after it), to see
-whether XLA's GEMM reads 4-bit weights in place.
+whether XLA's GEMM reads 4-bit weights in place; at up to eight tokens also the CUDA-core kernel
+(jaxllm/kernels/w4a16_gemv.py; with --sweep or --sweep-gemv, its knobs too).
 
     python -m benchmarks.w4a16_matmul --model llama-3.1-8b --tokens 1,8,32,128
     python -m benchmarks.w4a16_matmul --sweep        # plus tiles around the default, one knob at a time
@@ -37,6 +38,8 @@ from benchmarks.gemm_shapes import groups
 from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
 from jaxllm.kernels.int4_reference import dequantize_int4, unpack_int4
+from jaxllm.kernels.w4a16_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from jaxllm.kernels.w4a16_gemv import default_gemv_config, w4a16_gemv
 from jaxllm.kernels.w4a16_matmul import default_config, w4a16_matmul
 
 warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")
@@ -68,6 +71,27 @@ def kernel_fn(interpret: bool, knobs: dict):
         return [w4a16_matmul(x, *w, interpret=interpret, **knobs) for x, w in zip(xs, ws, strict=True)]
 
     return run
+
+
+def gemv_fn(interpret: bool, knobs: dict):
+    @jax.jit
+    def run(xs, ws):
+        return [w4a16_gemv(x, *w, interpret=interpret, **knobs) for x, w in zip(xs, ws, strict=True)]
+
+    return run
+
+
+def gemv_knobs(m: int, k: int, n: int, g: int) -> list[dict]:
+    """The GEMV kernel's default, then its knobs around it one at a time (program count, tile, warps)."""
+    cfg = default_gemv_config(m, k, n, g)
+    out = [{}]
+    out += [{"block_n": bn} for bn in (64, 256) if n % bn == 0]
+    out += [{"block_k": bk} for bk in (64,) if g % bk == 0 and bk != cfg["block_k"]]
+    steps = k // cfg["block_k"]
+    out += [{"split_k": sk} for sk in sorted({max(1, cfg["split_k"] // 2), min(steps, 2 * cfg["split_k"])})]
+    out += [{"num_warps": w} for w in (2, 8)]
+    out += [{"num_stages": 1}]
+    return out
 
 
 @jax.jit
@@ -196,6 +220,25 @@ def bench_row(name, m, k, n, g, args, bandwidth) -> dict:
         except Exception as e:  # noqa: BLE001 - a way XLA cannot compile here is recorded, not fatal
             row[label] = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
     del u4
+    if m <= GEMV_MAX_ROWS:  # the CUDA-core kernel for a handful of rows (w4a16_gemv.py), its knobs swept
+        ways = []
+        for knobs in gemv_knobs(m, k, n, g) if args.sweep or args.sweep_gemv else [{}]:
+            entry = {"knobs": knobs}
+            try:
+                fn = gemv_fn(args.interpret, knobs)
+                entry["max_rel_err_vs_xla"] = max_rel_err(fn(xs[:1], int4[:1])[0], ref)
+                entry.update(
+                    measure(time_per_layer(fn, xs, int4, args.warmup, args.reps), q_bytes, bandwidth)
+                )
+            except Exception as e:  # noqa: BLE001 - recorded, not fatal
+                entry["error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            ways.append(entry)
+        row["w4a16_gemv"] = ways[0]
+        timed = [e for e in ways if "us" in e]
+        if len(ways) > 1:
+            row["gemv_sweep"] = ways
+            if timed:
+                row["gemv_best"] = min(timed, key=lambda e: e["us"])
     candidates = sweep_knobs(m, k, n, g) if args.sweep else [{}]
     tried = []
     for knobs in candidates:
@@ -230,7 +273,7 @@ def describe(row) -> str:
         return f"{label} {e['us']:8.1f} us {e['gbps']:7.0f} GB/s ({100 * e['bound_share']:3.0f}% of bound)"
 
     cells = [cell("w4a16", row["w4a16"])]
-    labels = ("bf16_dot", "xla_dequant_dot", "xla_u4_dot", "xla_u4_grouped_dot")
+    labels = ("w4a16_gemv", "bf16_dot", "xla_dequant_dot", "xla_u4_dot", "xla_u4_grouped_dot")
     cells += [cell(lab, row[lab]) for lab in labels if lab in row]
     text = f"M={row['tokens']:>4} {row['group']:<8} K={row['k']:>5} N={row['n']:>5}  " + " | ".join(cells)
     if "max_rel_err_vs_xla" in row["w4a16"]:
@@ -239,6 +282,8 @@ def describe(row) -> str:
         text += f" | x{row['speedup_vs_bf16_dot']:.2f} vs bf16"
     if "best" in row:
         text += f" | best {row['best']['us']:.1f} us {row['best']['knobs']}"
+    if "gemv_best" in row:
+        text += f" | gemv best {row['gemv_best']['us']:.1f} us {row['gemv_best']['knobs']}"
     return text
 
 
@@ -257,6 +302,7 @@ def main(argv=None) -> dict:
     p.add_argument(
         "--sweep", action="store_true", help="also time tiles around the default, one knob at a time"
     )
+    p.add_argument("--sweep-gemv", action="store_true", help="sweep the GEMV kernel's knobs only")
     p.add_argument("--copy-mb", type=int, default=1024, help="size of the measured device copy (0: skip)")
     p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (a CPU smoke run)")
     p.add_argument(

@@ -20,6 +20,7 @@ k_scale, v_scale (the Mosaic kernels read 16-bit pages only, and the dispatcher 
   mosaic_common.py    what both Mosaic kernels share: KV ring, online softmax, unit schedule, launch
   kv_write_pallas.py  the KV-cache write kernel; kv_write_xla.py its XLA-scatter twin and reference
   w4a16_matmul.py     the int4-weight GEMM (W4A16, decode-oriented), Triton-lowered
+  w4a16_gemv.py       the same product for up to 8 rows on the CUDA cores (no tensor-core tiles)
   int4_reference.py   the int4 weight layout: packing, dequantization, the plain-jnp reference matmul
   kv_quant.py         FP8 pages: how K/V are stored in 8 bits with per-layer scales and read back
 

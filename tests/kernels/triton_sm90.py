@@ -27,9 +27,11 @@ def lower_for_h100(fn: Callable, *args: jax.ShapeDtypeStruct) -> str:
         return traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
-def assert_compiles_for_sm90(lower: Callable[[], object], launch: dict, monkeypatch, tmp_path) -> None:
+def assert_compiles_for_sm90(
+    lower: Callable[[], object], launch: dict, monkeypatch, tmp_path, *, mma: bool = True
+) -> None:
     """The one Triton module `lower()` emits, compiled for sm_90 with `launch`'s num_warps and num_stages
-    (the kernel's own choice for the case); skips where
+    (the kernel's own choice for the case), its dots on mma where `mma`; skips where
     the `triton` package or Pallas' Triton internals are absent (their absence says nothing about the
     kernel). With ptxas at hand, asserts it spills nothing."""
     triton = pytest.importorskip("triton")
@@ -58,7 +60,7 @@ def assert_compiles_for_sm90(lower: Callable[[], object], launch: dict, monkeypa
         options=dict(num_warps=launch["num_warps"], num_stages=launch["num_stages"]),
     )
     assert compiled.metadata.shared <= SHARED_MEMORY_BYTES
-    assert "mma" in compiled.asm["ptx"]
+    assert ("mma" in compiled.asm["ptx"]) == mma
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     ptxas = str(ptxas) if ptxas.exists() else shutil.which("ptxas")
     if ptxas is None:

@@ -1,0 +1,170 @@
+"""W4A16 product for a handful of rows (decode at concurrency 1-8) without the tensor cores: y[M, N] =
+x[M, K] @ w[K, N], w as 4-bit codes in the canonical int4 layout (int4_reference.py), M <= MAX_ROWS.
+
+Why a second kernel beside w4a16_matmul.py: at M = 1 that kernel pads its rows to the dot's 16, keeps a
+[16, bn] accumulator and the dot operands' layouts in registers and shared memory (159 registers and
+74 KB of shared memory a program on sm_90: three programs an SM), and reaches about a fifth of the
+memory bandwidth. A matrix-vector product needs none of that: each weight is used once per row, so the
+work is a multiply-add per weight on the CUDA cores, and a program needs only its tile of codes. Small
+programs, many of them (split-K), keep enough loads in flight to read the codes at the bandwidth.
+
+Data flow of one program (j, c): columns [j bn, (j + 1) bn), its share c of the K steps (split_steps).
+Per step of bk inputs (one group or less, so one scale row): load the packed codes u8[bk/2, bn]; the
+low nibbles are the even inputs, the high nibbles the odd ones; each becomes float32 through the
+exponent trick (`_codes_f32`: bits 0x4B000000 | q are 2^23 + q, minus 2^23 exactly: two integer ops
+and a subtraction, where an int-to-float conversion issues at a quarter of the ALU rate). Then per row
+r of x (unrolled, r < M): part = sum over the tile's rows of x_even * q_lo + x_odd * q_hi, and
+    acc_r += (part - sum(x_r over the step) * z) * s        (f32; s, z the group's [bn] row)
+split_k == 1 writes the rows in x's dtype; split_k > 1 writes float32 partials that one XLA reduction
+adds.
+
+Constraints (ValueError): M <= MAX_ROWS, g divides K and is a multiple of 32, N % 16 == 0, bn and bk
+powers of two, bk <= g, bk divides g, bn divides N.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxllm.kernels.w4a16_matmul import _check_inputs, split_steps
+
+__all__ = ["GEMV_KNOBS", "MAX_ROWS", "default_gemv_config", "w4a16_gemv"]
+
+MAX_ROWS = 8
+GEMV_KNOBS = ("block_n", "block_k", "split_k", "num_warps", "num_stages")
+# Programs split-K aims for: about eight an SM of an H100/H200 (132 SMs). Each is small (no shared
+# memory of its own beyond the pipeline's code tiles), so several share an SM and their loads overlap.
+TARGET_PROGRAMS = 1056
+F32_MAGIC = 0x4B000000  # 2^23 as float32 bits: the low mantissa bits hold the code
+
+
+def _codes_f32(codes):  # u8[r, c] (0..15) -> f32[r, c], exact
+    bits = codes.astype(jnp.uint32) | F32_MAGIC
+    return lax.bitcast_convert_type(bits, jnp.float32) - float(2**23)
+
+
+def _gemv_kernel(
+    x_ref, qw_ref, s_ref, z_ref, o_ref, *, block_k: int, group_size: int, num_steps: int, split_k
+):
+    rows = x_ref.shape[0]
+    lo, hi = split_steps(num_steps, pl.program_id(1), split_k)
+    half = block_k // 2
+    bn = o_ref.shape[-1]
+
+    def body(step, accs):  # accs: f32[1, bn] per row
+        k0 = pl.multiple_of(step * block_k, block_k)
+        packed = qw_ref[pl.ds(pl.multiple_of(step * half, half), half), :]  # u8[bk/2, bn]
+        q_lo = _codes_f32(packed & 0xF)  # inputs k0, k0 + 2, ...
+        q_hi = _codes_f32(packed >> 4)  # inputs k0 + 1, k0 + 3, ...
+        group = k0 // group_size
+        s = s_ref[pl.ds(group, 1), :].astype(jnp.float32)  # f32[1, bn]
+        z = z_ref[pl.ds(group, 1), :].astype(jnp.float32)
+        out = []
+        for r in range(rows):
+            x = x_ref[pl.ds(r, 1), pl.ds(k0, block_k)].astype(jnp.float32)  # [1, bk]
+            x_even, x_odd = jnp.unstack(x.reshape(half, 2), axis=-1)  # [bk/2] each
+            part = jnp.sum(x_even[:, None] * q_lo + x_odd[:, None] * q_hi, axis=0, keepdims=True)
+            out.append(accs[r] + (part - jnp.sum(x) * z) * s)
+        return tuple(out)
+
+    init = tuple(jnp.zeros((1, bn), jnp.float32) for _ in range(rows))
+    accs = lax.fori_loop(lo, hi, body, init)
+    for r in range(rows):
+        o_ref[pl.ds(r, 1), :] = accs[r].astype(o_ref.dtype)
+
+
+def default_gemv_config(m: int, k: int, n: int, group_size: int) -> dict:
+    """bn 128 columns (a 64-byte row of codes... per packed row: 128 bytes), bk 128 inputs or the group if
+    smaller, split_k for TARGET_PROGRAMS programs (at most the step count, with no empty run)."""
+    bn = 128
+    while n % bn:
+        bn //= 2
+    bk = min(128, group_size)
+    while group_size % bk:
+        bk //= 2
+    steps = k // bk
+    split_k = max(1, min(-(-TARGET_PROGRAMS // (n // bn)), steps))
+    split_k = -(-steps // -(-steps // split_k))
+    return dict(block_n=bn, block_k=bk, split_k=split_k, num_warps=4, num_stages=3)
+
+
+def resolve_gemv_config(m: int, k: int, n: int, group_size: int, **knobs) -> dict:
+    unknown = set(knobs) - set(GEMV_KNOBS)
+    if unknown:
+        raise ValueError(f"unknown tuning knobs {sorted(unknown)}; known: {GEMV_KNOBS}")
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"w4a16_gemv takes 1 to {MAX_ROWS} rows of x, got {m}: use w4a16_matmul")
+    cfg = default_gemv_config(m, k, n, group_size)
+    cfg.update({name: v for name, v in knobs.items() if v is not None})
+    for name, least in (("block_n", 16), ("block_k", 32)):
+        v = cfg[name]
+        if not isinstance(v, int) or v < least or v & (v - 1):
+            raise ValueError(f"{name}={v} must be a power of two >= {least}")
+    if n % cfg["block_n"]:
+        raise ValueError(f"block_n={cfg['block_n']} must divide N={n} (qweight.shape[1])")
+    if group_size % cfg["block_k"]:
+        raise ValueError(f"block_k={cfg['block_k']} must divide the group size {group_size}")
+    steps = k // cfg["block_k"]
+    if not isinstance(cfg["split_k"], int) or not 1 <= cfg["split_k"] <= steps:
+        raise ValueError(f"split_k={cfg['split_k']} must be in [1, K / block_k = {steps}]")
+    for name in ("num_warps", "num_stages"):
+        if not isinstance(cfg[name], int) or cfg[name] < 1:
+            raise ValueError(f"{name}={cfg[name]} must be an integer >= 1")
+    return cfg
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", *GEMV_KNOBS))
+def w4a16_gemv(
+    x,  # [M, K]  bf16 / f16 / f32, M <= MAX_ROWS
+    qweight,  # u8[K/2, N]
+    scales,  # [K/g, N]
+    zeros,  # [K/g, N]
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+):  # -> [M, N] in x's dtype
+    """x @ ((q - zeros) * scales), accumulated in float32: ref_w4a16_matmul up to summation order."""
+    g = _check_inputs(x, qweight, scales, zeros)
+    m, k = x.shape
+    n = qweight.shape[1]
+    cfg = resolve_gemv_config(
+        m, k, n, g, block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
+        num_stages=num_stages,
+    )  # fmt: skip
+    bn, bk, split = cfg["block_n"], cfg["block_k"], cfg["split_k"]
+    in_specs = [
+        pl.BlockSpec((m, k), lambda j, c: (0, 0)),
+        pl.BlockSpec((k // 2, bn), lambda j, c: (0, j)),
+        pl.BlockSpec((scales.shape[0], bn), lambda j, c: (0, j)),
+        pl.BlockSpec((zeros.shape[0], bn), lambda j, c: (0, j)),
+    ]
+    if split == 1:
+        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
+        out_spec = pl.BlockSpec((m, bn), lambda j, c: (0, j))
+    else:
+        out_shape = jax.ShapeDtypeStruct((split, m, n), jnp.float32)
+        out_spec = pl.BlockSpec((None, m, bn), lambda j, c: (c, 0, j))
+    kernel = functools.partial(_gemv_kernel, block_k=bk, group_size=g, num_steps=k // bk, split_k=split)
+    out = pl.pallas_call(
+        kernel,
+        grid=(n // bn, split),
+        in_specs=in_specs,
+        out_specs=out_spec,
+        out_shape=out_shape,
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
+        name=f"w4a16_gemv_bn{bn}_bk{bk}_sk{split}",
+    )(x, qweight, scales, zeros)
+    if split == 1:
+        return out
+    return jnp.sum(out, axis=0).astype(x.dtype)
