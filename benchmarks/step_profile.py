@@ -216,27 +216,20 @@ def mixed_inputs(runner, decodes: int, context: int, prefills: int, chunk: int):
     return inputs
 
 
-@dataclasses.dataclass
-class NeutralResearch:
-    """What ModelRunner._run_model reads of a ResearchBatch: a step's research inputs at the floors the
-    server compiles ahead (runner/research_batch.py), neutral values. The research variant runs the same
-    kernels whatever the values, so its cost is that of a step serving captures and steers."""
-
-    inputs: object
-    logits: bool = False
-
-
-def research_case(runner, inputs) -> NeutralResearch:
+def research_case(runner, inputs):
     """The research variant of `inputs`' bucket compiled ahead, as the server's --enable-research-api
-    does for every bucket (runner/compiler.py: compile_research_later), and its neutral inputs."""
+    does for every bucket (runner/compiler.py: compile_research_later), and a ResearchBatch of its
+    inputs at the floors, neutral values: the variant runs the same kernels whatever the values, so its
+    cost is that of a step serving captures and steers."""
     import jax
     import jax.numpy as jnp
 
     from jaxllm.runner.input_batch import packed_size
-    from jaxllm.runner.research_batch import research_dims, smallest_research_inputs
+    from jaxllm.runner.research_batch import ResearchBatch, research_dims, smallest_research_inputs
 
     shape = inputs.shape
-    ri = smallest_research_inputs(shape[0], runner.hidden_size)
+    batch = ResearchBatch(smallest_research_inputs(shape[0], runner.hidden_size), False, {})
+    ri = batch.packed
     sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
     args = (
         runner.params,
@@ -249,7 +242,7 @@ def research_case(runner, inputs) -> NeutralResearch:
         *args, shape=shape, all_logits=False, research_logits=False
     )
     runner.compiler.ahead_research[(shape, research_dims(ri))] = lowered.compile()
-    return NeutralResearch(ri)
+    return batch
 
 
 def profile_step(
@@ -259,7 +252,7 @@ def profile_step(
     trace_dir: Path | None,
     host_events: bool = False,
     sequence: int = 0,
-    research: NeutralResearch | None = None,
+    research=None,
 ) -> dict:
     import jax
 

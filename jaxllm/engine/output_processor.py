@@ -60,7 +60,7 @@ class ChildState:
     # research: site name -> position -> activation row (a recomputed position, after a preemption,
     # replaces its equal row); None when the request captures nothing
     captures: dict[str, dict[int, np.ndarray]] | None = None
-    num_sent_positions: int = 0  # DELTA: captured positions already in an output
+    unsent_positions: list[int] = field(default_factory=list)  # DELTA: captured, not in an output yet
 
 
 @dataclass(eq=False, slots=True)
@@ -193,8 +193,12 @@ class OutputProcessor:
         _, child = self.child_to_parent[child_id]
         if child.captures is None:
             child.captures = {}
+        seen = None
         for site, (positions, rows) in captures.items():
             by_position = child.captures.setdefault(site, {})
+            if seen is None:  # every site of a step captures the same positions: count new ones once
+                seen = by_position
+                child.unsent_positions += [p for p in positions if p not in by_position]
             for p, row in zip(positions, rows):
                 by_position[p] = row
 
@@ -315,10 +319,11 @@ def _captures(c: ChildState, delta: bool = False) -> Captures | None:
     """The child's captures as arrays by site, one row per position (DELTA: the positions not sent yet)."""
     if c.captures is None:
         return None
-    positions = sorted(set().union(*(d.keys() for d in c.captures.values())))
-    if delta:
-        positions = positions[c.num_sent_positions :]
-        c.num_sent_positions += len(positions)
+    if delta:  # the positions captured since the last output (each step's own: not the whole history)
+        positions = sorted(c.unsent_positions)
+        c.unsent_positions = []
+    else:
+        positions = sorted(set().union(*(d.keys() for d in c.captures.values())))
     arrays = {}
     for site, by_position in c.captures.items():
         if positions:

@@ -50,8 +50,10 @@ from jaxllm.runner.executable_cache import ExecutableCache
 from jaxllm.runner.input_batch import StepInputs, build_step_inputs, empty_step_inputs, unpack
 from jaxllm.runner.request_state import RequestState, RequestStates
 from jaxllm.runner.research_batch import (
+    PackedResearch,
     ResearchBatch,
     build_research_batch,
+    pack_research,
     research_dims,
     smallest_research_inputs,
 )
@@ -229,6 +231,8 @@ class ModelRunner:
         research_logits: bool = False,
     ):
         v = unpack(packed, shape)
+        if isinstance(research, PackedResearch):
+            research = research.unpack()
         src = v["prev_src"]  # async scheduling: inputs the previous step sampled, still on the device
         input_ids = jnp.where(src >= 0, prev_ids[jnp.maximum(src, 0)], v["input_ids"])
         md = AttentionMetadata(
@@ -309,7 +313,7 @@ class ModelRunner:
         self.compiler.compile_research_later(
             self.params,
             self.kv_caches,
-            lambda t, all_rows: smallest_research_inputs(t, self.hidden_size, all_rows),
+            lambda t, all_rows: pack_research(smallest_research_inputs(t, self.hidden_size, all_rows)),
         )
 
     def _warm_sequentially(self) -> None:
@@ -343,18 +347,19 @@ class ModelRunner:
         # sampler's 13) on the development CPU, on the host's critical path of every step.
         args = (self.params, self.kv_caches, inputs.packed, prev_ids)
         if research is not None:
+            on_device = research.packed  # two arrays (research_batch.py: PackedResearch)
             ahead = None
             if not all_logits:
                 ahead = self.compiler.research_step(
                     inputs.shape, research_dims(research.inputs), research.logits
                 )
             if ahead is not None:
-                logits, self.kv_caches, captures = ahead(*args, research.inputs)
+                logits, self.kv_caches, captures = ahead(*args, on_device)
                 return logits, captures
             step = self.compiler.step_jit(inputs.shape)
             logits, self.kv_caches, captures = step(
                 *args,
-                research.inputs,
+                on_device,
                 shape=inputs.shape,
                 all_logits=all_logits,
                 research_logits=research.logits,

@@ -14,14 +14,18 @@ as capture_positions selects them) x samples x, per site, the hidden size times 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from jaxllm.outputs import Captures
 from jaxllm.research_params import ResearchParams
 from jaxllm.research_wire import encode_captures
 from jaxllm.server.errors import APIError, split_field
+from jaxllm.server.streaming import RawJSONText
 
 DEFAULT_MAX_CAPTURE_BYTES = 64 << 20
+# Captures of this many bytes and more are encoded on a worker thread (choice_research_async).
+OFFLOAD_BYTES = 1 << 20
 DEFAULT_MAX_SITES = 32
 DEFAULT_MAX_STEERS = 8
 LOGITS_ITEMSIZE = 4  # logits are captured in f32 whatever the model's dtype
@@ -117,7 +121,20 @@ def check_research(
 
 
 def choice_research(captures: Captures | None, stream: bool) -> dict | None:
-    """A choice's `research` (or a streamed chunk's: only when it holds new positions)."""
+    """A choice's `research` (or a streamed chunk's: only when it holds new positions). The base64 goes
+    into the response as RawJSONText: written without the JSON encoder scanning it (streaming.py)."""
     if captures is None or (stream and not captures.positions):
         return None
-    return encode_captures(captures)
+    rs = encode_captures(captures)
+    for a in rs["captures"].values():
+        a["data"] = RawJSONText(a["data"])
+    return rs
+
+
+async def choice_research_async(captures: Captures | None, stream: bool) -> dict | None:
+    """choice_research, on a worker thread for captures of OFFLOAD_BYTES and more (a prompt's captures:
+    megabytes): their encoding, mostly numpy loops that release the interpreter lock, then holds neither
+    the event loop, which streams the other requests' tokens, nor the engine thread."""
+    if captures is not None and sum(a.nbytes for a in captures.arrays.values()) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(choice_research, captures, stream)
+    return choice_research(captures, stream)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from jaxllm.sampling_params import StructuredOutputsParams
 from jaxllm.server.chat_output import ChoiceReader, needs_reader
@@ -38,9 +38,9 @@ from jaxllm.server.generation import (
 from jaxllm.server.logprobs import chat_logprobs, prompt_logprobs_json
 from jaxllm.server.protocol import ChatRequest, parse_chat
 from jaxllm.server.reasoning import REASONING_PARSERS
-from jaxllm.server.research import check_research, choice_research
+from jaxllm.server.research import check_research, choice_research_async
 from jaxllm.server.state import ServerState
-from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
+from jaxllm.server.streaming import DONE, SSE_HEADERS, RawTextJSONResponse, sse
 from jaxllm.server.tool_choice import plan_tool_calls, tool_request
 from jaxllm.server.tool_messages import template_messages
 from jaxllm.server.tool_parsers import TOOL_PARSERS
@@ -143,7 +143,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                 "logprobs": lp,
                 "finish_reason": r.finish_reason(o.finish_reason) if r else o.finish_reason,
             }
-            if (rs := choice_research(o.captures, stream=False)) is not None:
+            if (rs := await choice_research_async(o.captures, stream=False)) is not None:
                 choice["research"] = rs
             choices.append(choice)
         prompt_tokens = len(ro.prompt_token_ids) or len(ids)
@@ -163,7 +163,7 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
             response["prompt_logprobs"] = prompt_logprobs_json(
                 tok, ids, ro.prompt_logprobs, req.common.prompt_logprobs
             )
-        return JSONResponse(response)
+        return RawTextJSONResponse(response)
 
     include_usage = req.common.include_usage
 
@@ -204,7 +204,9 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                                 ]
                             )
                         )
-                    rs = choice_research(o.captures, stream=True)  # the positions new in this output
+                    rs = await choice_research_async(
+                        o.captures, stream=True
+                    )  # the positions new in this output
                     if not o.text and not o.token_ids and o.finish_reason is None and rs is None:
                         continue
                     lp = chat_logprobs(tok, o.token_ids, o.logprobs, top_n) if req.logprobs else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from jaxllm.server.errors import APIError, error_body
 from jaxllm.server.generation import (
@@ -28,9 +28,9 @@ from jaxllm.server.generation import (
 )
 from jaxllm.server.logprobs import completion_logprobs, prompt_logprobs_json
 from jaxllm.server.protocol import parse_completion
-from jaxllm.server.research import check_research, choice_research
+from jaxllm.server.research import check_research, choice_research_async
 from jaxllm.server.state import ServerState
-from jaxllm.server.streaming import DONE, SSE_HEADERS, sse
+from jaxllm.server.streaming import DONE, SSE_HEADERS, RawTextJSONResponse, sse
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -119,14 +119,14 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                     "logprobs": lp,
                     "finish_reason": o.finish_reason,
                 }
-                if (rs := choice_research(o.captures, stream=False)) is not None:
+                if (rs := await choice_research_async(o.captures, stream=False)) is not None:
                     choice["research"] = rs
                 if req.common.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_json(
                         tok, prompt_ids, ro.prompt_logprobs, req.common.prompt_logprobs
                     )
                 choices.append(choice)
-        return JSONResponse(
+        return RawTextJSONResponse(
             {
                 "id": rid,
                 "object": "text_completion",
@@ -166,7 +166,7 @@ async def create_completion(state: ServerState, body: dict, request) -> Response
                         lp = completion_logprobs(tok, ids, positions, top_n, offsets.get(index, 0))
                     offsets[index] = offsets.get(index, 0) + len(text)
                     choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": o.finish_reason}
-                    if (rs := choice_research(o.captures, stream=True)) is not None:
+                    if (rs := await choice_research_async(o.captures, stream=True)) is not None:
                         choice["research"] = rs  # the positions new in this chunk
                     chunk = {
                         "id": rid,

@@ -67,3 +67,29 @@ def test_captured_rows_are_sliced_when_the_step_is_dispatched():
     assert logits.shape == (64, 7)
     small = ResearchBatch(_research_inputs(rows[:5], [3], [], [], [], [], 512, H), False, {})
     assert _captured_rows(small, (caps[:, :32], None))[0].shape == (9, 32, H)  # R = 32: kept whole
+
+
+def test_packed_inputs_unpack_to_the_same_arrays():
+    """The two arrays a research step is called with (PackedResearch) give back every field of its
+    ResearchInputs, with shapes and values, also under jit (static slices from the pytree's dims)."""
+    import jax
+
+    from jaxllm.runner.research_batch import pack_research
+
+    rng = np.random.default_rng(0)
+    steers = [
+        (2, rng.standard_normal(H).astype(np.float32), 0.5, 1, 4),
+        (7, rng.standard_normal(H), 2.0, 4, 6),
+    ]
+    scales = [(3, 0.25, 0, 2)]
+    heads = [(1, 2, 0.0, 2, 5), (0, 1, 3.0, 0, 8), (1, 0, 0.5, 3, 4)]
+    patches = [(5, 3, rng.standard_normal(H).astype(np.float32))]
+    ri = _research_inputs([1, 3, 4], [3, 9], steers, scales, heads, patches, 8, H)
+    packed = pack_research(ri)
+    assert packed.ints.dtype == np.int32 and packed.floats.dtype == np.float32
+    assert research_dims(packed) == research_dims(ri)
+    for got in (packed.unpack(), jax.jit(lambda p: p.unpack())(packed)):
+        for name in ri.__dataclass_fields__:
+            want, have = getattr(ri, name), np.asarray(getattr(got, name))
+            assert have.shape == want.shape, name
+            np.testing.assert_array_equal(have, np.asarray(want, have.dtype), err_msg=name)
