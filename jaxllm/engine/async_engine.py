@@ -40,6 +40,8 @@ from jaxllm.sampling_params import SamplingParams
 from jaxllm.stats import EngineStats, IterationTokens
 
 logger = logging.getLogger("jaxllm")
+# While idle with background compiles left, the stats are published this often (seconds).
+IDLE_STATS_INTERVAL_S = 0.25
 
 
 class AsyncLLMEngine:
@@ -250,7 +252,12 @@ class AsyncLLMEngine:
                 if self._apply_pending():
                     self._stats = self._snapshot()  # an idle engine reports its aborts at once
                 if not self.engine.has_unfinished_requests():
-                    self._work.wait()
+                    # Idle while variants still compile in the background: publish the count as it falls
+                    # (the gauge a client waits on before timing), not only at the next step.
+                    compiling = self._stats.num_compiling_in_background > 0
+                    self._work.wait(IDLE_STATS_INTERVAL_S if compiling else None)
+                    if compiling:
+                        self._stats = self._snapshot()
                     continue
                 outputs = self.engine.step()
                 self._iterations.observe(self.engine.last_step_tokens)

@@ -135,3 +135,33 @@ def test_every_output_arrives_in_order_and_abort_stops_a_request():
     assert steps == sorted(steps) and len(steps) == 6 and steps == list(range(steps[0], steps[0] + 6))
     assert first.request_id == "b" and not first.finished
     assert "b" not in stand_in.left  # aborted, not run to its end
+
+
+def test_an_idle_engine_publishes_background_compiles_as_they_finish():
+    """/metrics' num_compiling_in_background is the engine thread's snapshot: an engine left idle while
+    variants still compile must publish the count as it falls, not only at its next step (a client that
+    waits for 0 before timing would wait forever)."""
+
+    class Compiling(StepRecordingEngine):
+        compiling = 2
+
+        def get_stats(self):
+            return EngineStats(num_compiling_in_background=self.compiling)
+
+    async def main():
+        stand_in = Compiling()
+        engine = AsyncLLMEngine(stand_in)
+        await engine.start()
+        try:
+            await asyncio.sleep(0.1)
+            assert engine.get_stats().num_compiling_in_background == 2
+            stand_in.compiling = 0  # the last variant is done; no request arrives
+            for _ in range(40):
+                await asyncio.sleep(0.05)
+                if engine.get_stats().num_compiling_in_background == 0:
+                    return True
+            return False
+        finally:
+            await engine.shutdown(drain_timeout_s=1)
+
+    assert asyncio.run(main())
