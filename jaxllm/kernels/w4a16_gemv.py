@@ -30,9 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
-from jaxllm.kernels.w4a16_matmul import _check_inputs, split_steps
+from jaxllm.kernels.w4a16_matmul import _check_inputs, check_split_and_launch, split_k_call, split_steps
 
 __all__ = ["GEMV_KNOBS", "MAX_ROWS", "default_gemv_config", "w4a16_gemv"]
 
@@ -110,12 +109,7 @@ def resolve_gemv_config(m: int, k: int, n: int, group_size: int, **knobs) -> dic
         raise ValueError(f"block_n={cfg['block_n']} must divide N={n} (qweight.shape[1])")
     if group_size % cfg["block_k"]:
         raise ValueError(f"block_k={cfg['block_k']} must divide the group size {group_size}")
-    steps = k // cfg["block_k"]
-    if not isinstance(cfg["split_k"], int) or not 1 <= cfg["split_k"] <= steps:
-        raise ValueError(f"split_k={cfg['split_k']} must be in [1, K / block_k = {steps}]")
-    for name in ("num_warps", "num_stages"):
-        if not isinstance(cfg[name], int) or cfg[name] < 1:
-            raise ValueError(f"{name}={cfg[name]} must be an integer >= 1")
+    check_split_and_launch(cfg, k // cfg["block_k"])
     return cfg
 
 
@@ -148,23 +142,7 @@ def w4a16_gemv(
         pl.BlockSpec((scales.shape[0], bn), lambda j, c: (0, j)),
         pl.BlockSpec((zeros.shape[0], bn), lambda j, c: (0, j)),
     ]
-    if split == 1:
-        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
-        out_spec = pl.BlockSpec((m, bn), lambda j, c: (0, j))
-    else:
-        out_shape = jax.ShapeDtypeStruct((split, m, n), jnp.float32)
-        out_spec = pl.BlockSpec((None, m, bn), lambda j, c: (c, 0, j))
     kernel = functools.partial(_gemv_kernel, block_k=bk, group_size=g, num_steps=k // bk, split_k=split)
-    out = pl.pallas_call(
-        kernel,
-        grid=(n // bn, split),
-        in_specs=in_specs,
-        out_specs=out_spec,
-        out_shape=out_shape,
-        interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-        name=f"w4a16_gemv_bn{bn}_bk{bk}_sk{split}",
-    )(x, qweight, scales, zeros)
-    if split == 1:
-        return out
-    return jnp.sum(out, axis=0).astype(x.dtype)
+    name = f"w4a16_gemv_bn{bn}_bk{bk}_sk{split}"
+    return split_k_call(kernel, (x, qweight, scales, zeros), in_specs, (n // bn, split), lambda j, c: (c, j), bn,
+                        cfg, name, interpret)  # fmt: skip

@@ -206,13 +206,17 @@ def resolve_config(m: int, k: int, n: int, group_size: int, **knobs) -> dict:
             f"block_k={bk} and group size {group_size}: one must divide the other and min(block_k, group "
             f"size) must be >= {2 * MIN_DOT}"
         )
-    steps = k // bk
+    check_split_and_launch(cfg, k // bk)
+    return cfg
+
+
+def check_split_and_launch(cfg: dict, steps: int) -> None:
+    """split_k in [1, steps] (the K steps of block_k); num_warps and num_stages integers >= 1."""
     if not isinstance(cfg["split_k"], int) or not 1 <= cfg["split_k"] <= steps:
         raise ValueError(f"split_k={cfg['split_k']} must be in [1, K / block_k = {steps}]")
     for name in ("num_warps", "num_stages"):
         if not isinstance(cfg[name], int) or cfg[name] < 1:
             raise ValueError(f"{name}={cfg[name]} must be an integer >= 1")
-    return cfg
 
 
 def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, interpret):
@@ -227,12 +231,6 @@ def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, interpret)
         pl.BlockSpec((scales.shape[0], bn), lambda i, j, c: (0, j)),
         pl.BlockSpec((zeros.shape[0], bn), lambda i, j, c: (0, j)),
     ]
-    if split_k == 1:
-        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
-        out_spec = pl.BlockSpec((m, bn), lambda i, j, c: (0, j))
-    else:
-        out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
-        out_spec = pl.BlockSpec((None, m, bn), lambda i, j, c: (c, 0, j))
     kernel = functools.partial(
         _w4a16_kernel,
         block_m=bm,
@@ -242,6 +240,30 @@ def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, interpret)
         num_steps=k // bk,
         split_k=split_k,
     )
+    name = f"w4a16_matmul_bm{bm}_bn{bn}_bk{bk}_sk{split_k}"
+    return split_k_call(kernel, (x, qweight, scales, zeros), in_specs, grid, lambda i, j, c: (c, j), bn, cfg,
+                        name, interpret)  # fmt: skip
+
+
+def split_k_call(
+    kernel, operands, in_specs, grid, split_and_column, bn: int, cfg: dict, name: str, interpret
+):
+    """The pallas_call of a W4A16 kernel whose programs each write a [M, bn] block of y = x @ w: with
+    split_k 1 straight into y (x's dtype), else as float32 partials [split_k, M, N] that one XLA reduction
+    adds. `split_and_column(*program ids) -> (split, column block)`."""
+    x, qweight = operands[0], operands[1]
+    m, n, split_k = x.shape[0], qweight.shape[1], cfg["split_k"]
+    if split_k == 1:
+        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
+        out_spec = pl.BlockSpec((m, bn), lambda *ids: (0, split_and_column(*ids)[1]))
+    else:
+        out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
+
+        def partial_block(*ids):
+            split, column = split_and_column(*ids)
+            return split, 0, column
+
+        out_spec = pl.BlockSpec((None, m, bn), partial_block)
     out = pl.pallas_call(
         kernel,
         grid=grid,
@@ -250,8 +272,8 @@ def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, interpret)
         out_shape=out_shape,
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-        name=f"w4a16_matmul_bm{bm}_bn{bn}_bk{bk}_sk{split_k}",
-    )(x, qweight, scales, zeros)
+        name=name,
+    )(*operands)
     if split_k == 1:
         return out
     return jnp.sum(out, axis=0).astype(x.dtype)
