@@ -221,27 +221,13 @@ def research_case(runner, inputs):
     does for every bucket (runner/compiler.py: compile_research_later), and a ResearchBatch of its
     inputs at the floors, neutral values: the variant runs the same kernels whatever the values, so its
     cost is that of a step serving captures and steers."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxllm.runner.input_batch import packed_size
     from jaxllm.runner.research_batch import ResearchBatch, research_dims, smallest_research_inputs
 
     shape = inputs.shape
     batch = ResearchBatch(smallest_research_inputs(shape[0], runner.hidden_size), False, {})
-    ri = batch.packed
-    sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
-    args = (
-        runner.params,
-        runner.kv_caches,
-        jax.ShapeDtypeStruct((packed_size(*shape),), jnp.int32),
-        jax.ShapeDtypeStruct((runner.ids_width,), jnp.int32),
-        jax.tree.map(sds, ri),
-    )
-    lowered = runner.compiler.step_jit(shape).lower(
-        *args, shape=shape, all_logits=False, research_logits=False
-    )
-    runner.compiler.ahead_research[(shape, research_dims(ri))] = lowered.compile()
+    packed = batch.packed
+    lowered = runner.compiler.lower_research_step(runner.params, runner.kv_caches, shape, packed)
+    runner.compiler.ahead_research[(shape, research_dims(packed))] = lowered.compile()
     return batch
 
 

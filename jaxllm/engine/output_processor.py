@@ -193,11 +193,9 @@ class OutputProcessor:
         _, child = self.child_to_parent[child_id]
         if child.captures is None:
             child.captures = {}
-        seen = None
-        for site, (positions, rows) in captures.items():
+        for i, (site, (positions, rows)) in enumerate(captures.items()):
             by_position = child.captures.setdefault(site, {})
-            if seen is None:  # every site of a step captures the same positions: count new ones once
-                seen = by_position
+            if i == 0:  # every site of a step captures the same positions: count the new ones once
                 child.unsent_positions += [p for p in positions if p not in by_position]
             for p, row in zip(positions, rows):
                 by_position[p] = row

@@ -31,7 +31,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxllm.kernels.w4a16_matmul import _check_inputs, check_split_and_launch, split_k_call, split_steps
+from jaxllm.kernels.w4a16_matmul import (
+    _check_inputs,
+    check_split_and_launch,
+    split_k_call,
+    split_steps,
+    without_empty_splits,
+)
 
 __all__ = ["GEMV_KNOBS", "MAX_ROWS", "default_gemv_config", "w4a16_gemv"]
 
@@ -79,8 +85,8 @@ def _gemv_kernel(
 
 
 def default_gemv_config(m: int, k: int, n: int, group_size: int) -> dict:
-    """bn 128 columns (a 64-byte row of codes... per packed row: 128 bytes), bk 128 inputs or the group if
-    smaller, split_k for TARGET_PROGRAMS programs (at most the step count, with no empty run)."""
+    """bn 128 columns (a packed row of codes: 128 bytes), bk 128 inputs or the group if smaller (halved
+    until it divides the group), split_k for TARGET_PROGRAMS programs (at most the step count, with no empty run)."""
     bn = 128
     while n % bn:
         bn //= 2
@@ -89,7 +95,7 @@ def default_gemv_config(m: int, k: int, n: int, group_size: int) -> dict:
         bk //= 2
     steps = k // bk
     split_k = max(1, min(-(-TARGET_PROGRAMS // (n // bn)), steps))
-    split_k = -(-steps // -(-steps // split_k))
+    split_k = without_empty_splits(steps, split_k)
     return dict(block_n=bn, block_k=bk, split_k=split_k, num_warps=4, num_stages=3)
 
 

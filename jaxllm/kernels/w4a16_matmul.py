@@ -140,6 +140,11 @@ def split_steps(num_steps: int, split, split_k: int):
     return lo, jnp.minimum(lo + per, num_steps)
 
 
+def without_empty_splits(steps: int, split_k: int) -> int:
+    """The fewest splits that give split_steps' runs of the same length as split_k does: none is empty."""
+    return -(-steps // -(-steps // split_k))
+
+
 def _largest_pow2_divisor(x: int, cap: int) -> int:
     p = 1
     while p < cap and x % (2 * p) == 0:
@@ -174,7 +179,7 @@ def default_config(m: int, k: int, n: int, group_size: int) -> dict:
     programs = -(-m // bm) * max(1, n // bn)
     split_k = max(1, -(-TARGET_PROGRAMS // programs))
     split_k = max(1, min(split_k, k // (32 * m), steps))
-    split_k = -(-steps // -(-steps // split_k))  # drop the empty runs of split_steps
+    split_k = without_empty_splits(steps, split_k)
     return dict(
         block_m=bm,
         block_n=bn,

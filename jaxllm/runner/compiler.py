@@ -254,8 +254,6 @@ class StepCompiler:
         ResearchInputs of a T-token step, capturing up to 32 rows or all T) now, and compile them on
         background threads (research_step waits for one still compiling). Steps with research then compile
         nothing while their slots fit those floors."""
-        sds = jax.ShapeDtypeStruct
-        prev = sds((self.ids_width,), jnp.int32)
         todo = {}
         variants = []
         for shape in self.plan.all_shapes():
@@ -264,24 +262,39 @@ class StepCompiler:
             if research_dims(every_row) != research_dims(variants[-1][1]):  # T above the 32-row floor
                 variants.append((shape, every_row))
         for shape, inputs in variants:
-            ri = jax.tree.map(lambda x: sds(x.shape, x.dtype), inputs)
-            args = (params, kv_caches, sds((packed_size(*shape),), jnp.int32), prev, ri)
+            args = self._research_step_args(params, kv_caches, shape, inputs)
             tier = step_tier(shape[0])
             desc = (
                 f"model_step shape={shape} all_logits=False research_logits=False tier={tier} "
                 f"options={tier_options(tier)} module={self.module!r} args={describe_args(args)}"
             )
-            lower = functools.partial(
-                self.step_jit(shape).lower, *args, shape=shape, all_logits=False, research_logits=False
-            )
+            lower = functools.partial(self.lower_research_step, params, kv_caches, shape, inputs)
             if not self.executables.contains(desc):  # traced here, before ready (tracing holds the GIL)
                 lower = functools.partial(lambda lowered: lowered, lower())
-            todo[(shape, research_dims(ri))] = functools.partial(
+            todo[(shape, research_dims(inputs))] = functools.partial(
                 self.executables.get_or_compile, desc, lambda lower=lower: lower().compile()
             )
         self._compile_in_background(
             todo, 2, self.ahead_research, self.pending_research, "model-step variants with research"
         )
+
+    def _research_step_args(self, params, kv_caches, shape, inputs) -> tuple:
+        """The abstract arguments of bucket `shape`'s model step with research `inputs` (their shapes)."""
+        sds = jax.ShapeDtypeStruct
+        ri = jax.tree.map(lambda x: sds(x.shape, x.dtype), inputs)
+        return (
+            params,
+            kv_caches,
+            sds((packed_size(*shape),), jnp.int32),
+            sds((self.ids_width,), jnp.int32),
+            ri,
+        )
+
+    def lower_research_step(self, params, kv_caches, shape, inputs):
+        """Bucket `shape`'s model step with research inputs of `inputs`' shapes (a PackedResearch), traced
+        and lowered: what compile_research_later compiles for each bucket."""
+        args = self._research_step_args(params, kv_caches, shape, inputs)
+        return self.step_jit(shape).lower(*args, shape=shape, all_logits=False, research_logits=False)
 
     def _compile_in_background(
         self, todo: dict, workers: int, into: dict | None = None, pending: dict | None = None, what: str = ""

@@ -204,9 +204,8 @@ async def create_chat_completion(state: ServerState, body: dict, request) -> Res
                                 ]
                             )
                         )
-                    rs = await choice_research_async(
-                        o.captures, stream=True
-                    )  # the positions new in this output
+                    # the positions new in this output
+                    rs = await choice_research_async(o.captures, stream=True)
                     if not o.text and not o.token_ids and o.finish_reason is None and rs is None:
                         continue
                     lp = chat_logprobs(tok, o.token_ids, o.logprobs, top_n) if req.logprobs else None
