@@ -217,10 +217,22 @@ def _build_runner(
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
         bucket_pages=config.runner.attention_backend == "reference",
         bucket_growth=config.runner.bucket_growth,
+        single_token_bucket=runs_w4a16_gemv(loaded.params, config.runner.attention_backend, tp.mesh),
         kv_sharding=tp.kv_sharding,
         executable_cache=executables,
         grammar_compiler=grammar_compiler(loaded),
         mesh=tp.mesh,
+    )
+
+
+def runs_w4a16_gemv(params, attention_backend: str, mesh) -> bool:
+    """Whether a step of one token runs 4-bit projections on the matrix-vector kernel (int4 codes, a GPU
+    backend, no mesh: jaxllm/layers/linear.py), so one decoding sequence gets a bucket of its own."""
+    if attention_backend == "reference" or mesh is not None:
+        return False
+    return any(
+        getattr(path[-1], "key", None) == "qweight" and leaf.dtype == jax.numpy.uint8
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
     )
 
 

@@ -10,13 +10,14 @@ programs, many of them (split-K), keep enough loads in flight to read the codes 
 
 Data flow of one program (j, c): columns [j bn, (j + 1) bn), its share c of the K steps (split_steps).
 Per step of bk inputs (one group or less, so one scale row): load the packed codes u8[bk/2, bn]; the
-low nibbles are the even inputs, the high nibbles the odd ones; each becomes float32 through the
-exponent trick (`_codes_f32`: bits 0x4B000000 | q are 2^23 + q, minus 2^23 exactly: two integer ops
-and a subtraction, where an int-to-float conversion issues at a quarter of the ALU rate). Then per row
-r of x (unrolled, r < M): part = sum over the tile's rows of x_even * q_lo + x_odd * q_hi, and
-    acc_r += (part - sum(x_r over the step) * z) * s        (f32; s, z the group's [bn] row)
-split_k == 1 writes the rows in x's dtype; split_k > 1 writes float32 partials that one XLA reduction
-adds.
+low nibbles are the even inputs, the high nibbles the odd ones. Each code q becomes Q = 1 + q/16 in
+float32 with a shift and one bitwise op (`_codes_unit`: the code into the top four mantissa bits of
+1.0; no int-to-float conversion, which issues at a quarter of the ALU rate, and no subtraction). With
+w = (q - z) s = (16 Q - 16 - z) s, per row r of x (unrolled, r < M):
+    part = sum over the tile's rows of x_even * Q_lo + x_odd * Q_hi
+    acc_r += part * s - sum(x_r over the step) * (1 + z/16) s          (f32; s, z the group's [bn] row)
+and y_r = 16 acc_r. split_k == 1 writes the rows in x's dtype; split_k > 1 writes float32 partials
+that one XLA reduction adds.
 
 Constraints (ValueError): M <= MAX_ROWS, g divides K and is a multiple of 32, N % 16 == 0, bn and bk
 powers of two, bk <= g, bk divides g, bn divides N.
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from jaxllm.kernels.w4a16_matmul import (
     _check_inputs,
@@ -46,42 +48,53 @@ GEMV_KNOBS = ("block_n", "block_k", "split_k", "num_warps", "num_stages")
 # Programs split-K aims for: about eight an SM of an H100/H200 (132 SMs). Each is small (no shared
 # memory of its own beyond the pipeline's code tiles), so several share an SM and their loads overlap.
 TARGET_PROGRAMS = 1056
-F32_MAGIC = 0x4B000000  # 2^23 as float32 bits: the low mantissa bits hold the code
+ONE_BITS = 0x3F800000  # 1.0 as float32 bits
+CODE_FIELD = 0xF << 19  # the top four mantissa bits: ONE_BITS | q << 19 is 1 + q / 16 exactly
+CODE_SCALE = 16.0  # w = (q - z) s = (16 Q - 16 - z) s with Q = 1 + q / 16
 
 
-def _codes_f32(codes):  # u8[r, c] (0..15) -> f32[r, c], exact
-    bits = codes.astype(jnp.uint32) | F32_MAGIC
-    return lax.bitcast_convert_type(bits, jnp.float32) - float(2**23)
+def _codes_unit(shifted):  # u32 with a code at bits 19..22 (other bits anything) -> f32 1 + q / 16
+    return lax.bitcast_convert_type((shifted & CODE_FIELD) | ONE_BITS, jnp.float32)
 
 
 def _gemv_kernel(
-    x_ref, qw_ref, s_ref, z_ref, o_ref, *, block_k: int, group_size: int, num_steps: int, split_k
+    x_ref,  # [M, K]
+    qw_ref,  # u8[K/2, bn]
+    s_ref,  # [K/g, bn]
+    z_ref,  # [K/g, bn]
+    o_ref,  # [M, bn]
+    *,
+    block_k: int,
+    group_size: int,
+    num_steps: int,
+    split_k,
 ):
     rows = x_ref.shape[0]
     lo, hi = split_steps(num_steps, pl.program_id(1), split_k)
     half = block_k // 2
     bn = o_ref.shape[-1]
 
-    def body(step, accs):  # accs: f32[1, bn] per row
+    def body(step, accs):  # accs: f32[bk/2, bn] per row, reduced over the inputs after the loop
         k0 = pl.multiple_of(step * block_k, block_k)
-        packed = qw_ref[pl.ds(pl.multiple_of(step * half, half), half), :]  # u8[bk/2, bn]
-        q_lo = _codes_f32(packed & 0xF)  # inputs k0, k0 + 2, ...
-        q_hi = _codes_f32(packed >> 4)  # inputs k0 + 1, k0 + 3, ...
+        packed = qw_ref[pl.ds(pl.multiple_of(step * half, half), half), :].astype(jnp.uint32)
+        q_lo = _codes_unit(packed << 19)  # inputs k0, k0 + 2, ...: 1 + q / 16
+        q_hi = _codes_unit(packed << 15)  # inputs k0 + 1, k0 + 3, ...
         group = k0 // group_size
         s = s_ref[pl.ds(group, 1), :].astype(jnp.float32)  # f32[1, bn]
-        z = z_ref[pl.ds(group, 1), :].astype(jnp.float32)
+        zs = (z_ref[pl.ds(group, 1), :].astype(jnp.float32) / CODE_SCALE + 1.0) * s  # (16 + z) s / 16
         out = []
         for r in range(rows):
             x = x_ref[pl.ds(r, 1), pl.ds(k0, block_k)].astype(jnp.float32)  # [1, bk]
-            x_even, x_odd = jnp.unstack(x.reshape(half, 2), axis=-1)  # [bk/2] each
-            part = jnp.sum(x_even[:, None] * q_lo + x_odd[:, None] * q_hi, axis=0, keepdims=True)
-            out.append(accs[r] + (part - jnp.sum(x) * z) * s)
+            x_even, x_odd = (v[:, None] for v in jnp.unstack(x.reshape(half, 2), axis=-1))  # [bk/2, 1]
+            part = jnp.sum(x_even * q_lo + x_odd * q_hi, axis=0, keepdims=True)  # [1, bn]
+            out.append(accs[r] + part * s - jnp.sum(x) * zs)
         return tuple(out)
 
     init = tuple(jnp.zeros((1, bn), jnp.float32) for _ in range(rows))
     accs = lax.fori_loop(lo, hi, body, init)
     for r in range(rows):
-        o_ref[pl.ds(r, 1), :] = accs[r].astype(o_ref.dtype)
+        y = CODE_SCALE * jnp.sum(accs[r], axis=0, keepdims=True)
+        o_ref[pl.ds(r, 1), :] = y.astype(o_ref.dtype)
 
 
 def default_gemv_config(m: int, k: int, n: int, group_size: int) -> dict:
@@ -150,5 +163,7 @@ def w4a16_gemv(
     ]
     kernel = functools.partial(_gemv_kernel, block_k=bk, group_size=g, num_steps=k // bk, split_k=split)
     name = f"w4a16_gemv_bn{bn}_bk{bk}_sk{split}"
-    return split_k_call(kernel, (x, qweight, scales, zeros), in_specs, (n // bn, split), lambda j, c: (c, j), bn,
-                        cfg, name, interpret)  # fmt: skip
+    operands = (x, qweight, scales, zeros)
+    out = jax.ShapeDtypeStruct((m, n), x.dtype)
+    return split_k_call(kernel, operands, in_specs, (n // bn, split), lambda j, c: (c, j), out, bn, cfg, name,
+                        interpret)  # fmt: skip

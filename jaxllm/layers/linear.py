@@ -16,9 +16,11 @@ the scheme's leaves (jaxllm/quantization/scheme.py) and computes:
                       so the bytes read still halve; * weight_scale after.
   W8A16               per-channel: dot(x, qweight as x.dtype) * scales (the scale after the GEMM, which
                       XLA fuses with the convert); grouped: dequantize, then dot
-  W4A16               the Pallas GEMM (jaxllm/kernels/w4a16_matmul.py) for small batches on the GPU, which
-                      reads the 4-bit weight once and dequantizes in registers; otherwise (prefill, the
-                      CPU, a mesh) dequantize, then dot, where the dequantization is paid once per GEMM
+  W4A16               on the GPU, small batches run a Pallas kernel that reads the 4-bit weight once and
+                      dequantizes in registers: one row the matrix-vector kernel on the CUDA cores
+                      (jaxllm/kernels/w4a16_gemv.py), more the GEMM (jaxllm/kernels/w4a16_matmul.py);
+                      otherwise (prefill, the CPU, a mesh) dequantize, then dot, where the dequantization
+                      is paid once per GEMM
 
 The plain-jnp `dequantize` of each layout is what tests compare against.
 """
@@ -93,9 +95,11 @@ def quantized_matmul(
         ).astype(jnp.float32)
         return (acc * sx * params["weight_scale"][None, :]).astype(dtype)
     if scheme.weights == "int4" and use_kernel and w4a16_kernel_fits(params):
-        from jaxllm.kernels.w4a16_matmul import w4a16_matmul
-
-        return w4a16_matmul(x, params["qweight"], params["scales"], params["zeros"])
+        if x.shape[0] <= W4A16_GEMV_MAX_ROWS:
+            from jaxllm.kernels.w4a16_gemv import w4a16_gemv as kernel
+        else:
+            from jaxllm.kernels.w4a16_matmul import w4a16_matmul as kernel
+        return kernel(x, params["qweight"], params["scales"], params["zeros"])
     if scheme.weights != "int4" and params["scales"].shape[0] == 1:
         # as nn.Dense: a dot in x's dtype (GPUs accumulate half precision in f32 inside the GEMM; XLA's
         # CPU has no bf16 x bf16 -> f32 dot)
@@ -115,6 +119,10 @@ def w4a16_kernel_fits(params: dict) -> bool:
 # Rows up to which the W4A16 Pallas GEMM beats dequantize-then-dot (decode batches); above it the
 # dequantized tile is reused by enough rows that XLA's GEMM wins.
 W4A16_KERNEL_MAX_ROWS = 256
+# Rows up to which the matrix-vector kernel (jaxllm/kernels/w4a16_gemv.py, CUDA cores) beats the GEMM
+# kernel: one decoding sequence (its step has a bucket of one token: jaxllm/runner/buckets.py). At the
+# next bucket, 8 rows, the GEMM kernel is faster (benchmarks/w4a16_matmul.py; docs/performance.md).
+W4A16_GEMV_MAX_ROWS = 1
 # Rows up to which a W8A8 layer on the GPU leaves the activations unquantized (decode batches, where the
 # GEMM reads the weight once and the activation quantization's kernels are overhead).
 W8A8_WEIGHT_ONLY_MAX_ROWS = 64

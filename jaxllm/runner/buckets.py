@@ -54,10 +54,16 @@ class BucketPlan:
         bucket_pages: bool,
         min_tokens: int = 8,
         growth: int = 2,
+        single_token: bool = False,
     ) -> BucketPlan:
-        """`growth` 2 on accelerators; 4 on the host, where each compiled variant costs seconds."""
+        """`growth` 2 on accelerators; 4 on the host, where each compiled variant costs seconds.
+        `single_token`: a bucket of one token below `min_tokens`, for the models whose step costs less
+        at one row than at `min_tokens` (4-bit weights: one decoding sequence runs the matrix-vector
+        kernel, jaxllm/layers/linear.py); elsewhere one sequence pads to `min_tokens` at no cost."""
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
         tokens = pow2_buckets(min(min_tokens, max_tokens), max_tokens, growth)
+        if single_token and tokens[0] > 1:
+            tokens = [1, *tokens]
         pages = (
             pow2_buckets(min(8, max_pages_per_seq), max_pages_per_seq, growth)
             if bucket_pages

@@ -159,6 +159,7 @@ class ModelRunner:
         max_num_batched_tokens: int,
         bucket_pages: bool,
         bucket_growth: int = 2,
+        single_token_bucket: bool = False,
         kv_sharding=None,
         executable_cache: ExecutableCache | None = None,
         grammar_compiler=None,
@@ -179,6 +180,7 @@ class ModelRunner:
             self.max_pages_per_seq,
             bucket_pages=bucket_pages,
             growth=bucket_growth,
+            single_token=single_token_bucket,
         )
         self.kv_sharding = kv_sharding
         self.mesh = mesh  # the tensor-parallel mesh the steps run under (None: one device)

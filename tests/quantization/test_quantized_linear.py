@@ -292,29 +292,34 @@ def test_quantize_int4_round_trip(group):
 
 
 def test_w4a16_kernel_only_without_a_mesh(monkeypatch):
-    """use_kernels lets small batches run the Pallas W4A16 GEMM, but not under a tensor-parallel mesh (the
-    kernel sees whole arrays) nor above W4A16_KERNEL_MAX_ROWS rows; those dequantize, then dot."""
+    """use_kernels lets small batches run a Pallas W4A16 kernel (the matrix-vector one up to
+    W4A16_GEMV_MAX_ROWS rows, else the GEMM), but not under a tensor-parallel mesh (the kernels see whole
+    arrays) nor above W4A16_KERNEL_MAX_ROWS rows; those dequantize, then dot."""
     import sys
     import types
 
     import jax
     from jax.sharding import AbstractMesh
 
-    from jaxllm.layers.linear import W4A16_KERNEL_MAX_ROWS
+    from jaxllm.layers.linear import W4A16_GEMV_MAX_ROWS, W4A16_KERNEL_MAX_ROWS
 
     calls = []
-    fake = types.ModuleType("jaxllm.kernels.w4a16_matmul")
-    fake.w4a16_matmul = lambda x, qweight, scales, zeros: (
-        calls.append(x.shape) or jnp.zeros((x.shape[0], qweight.shape[1]), x.dtype)
-    )
-    monkeypatch.setitem(sys.modules, "jaxllm.kernels.w4a16_matmul", fake)
+    for kernel in ("w4a16_matmul", "w4a16_gemv"):
+        fake = types.ModuleType(f"jaxllm.kernels.{kernel}")
+        setattr(fake, kernel, lambda x, qweight, scales, zeros, kernel=kernel: (
+            calls.append((kernel, x.shape)) or jnp.zeros((x.shape[0], qweight.shape[1]), x.dtype)
+        ))  # fmt: skip
+        monkeypatch.setitem(sys.modules, f"jaxllm.kernels.{kernel}", fake)
     scheme = LAYOUTS["int4 g32"]
     layer = QuantizedLinear(N, scheme, use_kernels=True)
     params = {"params": random_params(np.random.default_rng(8), scheme, jnp.float32)}
     small = jax.ShapeDtypeStruct((4, K), jnp.float32)
+    one = jax.ShapeDtypeStruct((W4A16_GEMV_MAX_ROWS, K), jnp.float32)
     jax.eval_shape(layer.apply, params, small)
-    assert calls == [(4, K)]
+    jax.eval_shape(layer.apply, params, one)
+    assert calls == [("w4a16_matmul", (4, K)), ("w4a16_gemv", (W4A16_GEMV_MAX_ROWS, K))]
     jax.eval_shape(layer.apply, params, jax.ShapeDtypeStruct((W4A16_KERNEL_MAX_ROWS + 1, K), jnp.float32))
     with jax.sharding.use_abstract_mesh(AbstractMesh((2,), ("tp",))):
         jax.eval_shape(layer.apply, params, small)
-    assert calls == [(4, K)]
+        jax.eval_shape(layer.apply, params, one)
+    assert len(calls) == 2

@@ -20,6 +20,16 @@ def test_small_plan_has_one_seq_bucket_per_token_bucket():
     assert [s for _, s, _ in plan.all_shapes()] == [8, 16, 32, 64, 128, 256, 256, 256, 256]
 
 
+def test_single_token_bucket_sits_below_the_smallest():
+    """A model whose one-row step is cheaper (4-bit weights on the matrix-vector kernel) gets a bucket of
+    one token: one decoding sequence lands there, two go to the next bucket as before."""
+    plan = BucketPlan.build(2048, 256, 64, bucket_pages=False, single_token=True)
+    assert plan.token_buckets == (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    assert plan.shape_for(1, 1, 3) == (1, 1, 64)
+    assert plan.shape_for(2, 2, 3) == (8, 8, 64)
+    assert (1, 1, 64) in plan.all_shapes()
+
+
 def test_large_plan_adds_the_small_seq_bucket():
     plan = _plan(16384, 1024)
     shapes = plan.all_shapes()
