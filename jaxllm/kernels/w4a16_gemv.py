@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from jaxllm.kernels.w4a16_matmul import (
     _check_inputs,

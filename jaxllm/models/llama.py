@@ -289,21 +289,22 @@ class LlamaForCausalLM(nn.Module):
         n = a.num_layers
         caps = empty_captures(research, a.hidden_size, x.dtype)
         tables = research_tables(research, n, a.num_heads)
+        every_site = not research.residual_only
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             edits = (
-                site_edit(tables, n + i),
-                site_edit(tables, 2 * n + i),
-                head_factors(tables, i),
+                (site_edit(tables, n + i), site_edit(tables, 2 * n + i), head_factors(tables, i))
+                if every_site
+                else (None, None, None)
             )
             x, kv_cache, h, m = call_layer(
                 self, layer, x, kv_cache, md, inv_freq, edits, attention_factor=attention_factor
             )
             x = apply_edit(x, site_edit(tables, i))
-            for code, act in ((i, x), (n + i, h), (2 * n + i, m)):
+            for code, act in ((i, x), (n + i, h), (2 * n + i, m))[: 3 if every_site else 1]:
                 caps = capture(caps, tables, code, act)
             new_caches.append(kv_cache)
         x = self.norm(x)
-        return x, new_caches, capture(caps, tables, 3 * n, x)
+        return x, new_caches, capture(caps, tables, 3 * n, x) if every_site else caps
 
     def fused_groups(self) -> tuple[FusedGroup, ...]:
         """The fused projections of every layer, for the loader (which gets the checkpoint's parts)."""

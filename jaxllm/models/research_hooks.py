@@ -17,11 +17,16 @@ site code once per step (`research_tables`); each site then reads its rows of th
 
 Site codes: "residual.i" -> i, "attn_out.i" -> L + i, "mlp_out.i" -> 2L + i, "final_norm" -> 3L;
 -1 is an unused slot. Logits are captured by the step itself (a flag of the variant), not by code.
+
+Two variants per slot sizes: every site (an edit and a capture at each of the 3L + 1), or, where a
+step's slots all sit on residual sites (`ResearchInputs.residual_only`: the common case of residual
+captures and steering vectors), the residual sites alone. At decode sizes each site's edit and capture
+is a small kernel of its own, so the residual variant launches a third of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +56,9 @@ class ResearchInputs:
     patch_codes: jax.Array  # i32[P] the site code of each patch, -1 unused
     patch_rows: jax.Array  # i32[P] the row it replaces (T: none, dropped)
     patch_values: jax.Array  # f32[P, H]
+    # Static: every slot of the step sits on a residual site (codes < L; no head scale, no final_norm
+    # capture), so the variant edits and captures only there (`edited_sites`).
+    residual_only: bool = field(default=False, metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass

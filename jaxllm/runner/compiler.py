@@ -21,7 +21,8 @@ step and the sampler variants needed at start over its T rows, compiled before r
 With research compiled ahead (`compile_research_later`, the server's --enable-research-api), each bucket's
 model step is also traced before ready with the smallest research inputs (runner/research_batch.py's
 floors: the captures and edits of a batch of decoding requests), and again capturing every row of the
-bucket (a prompt chunk that captures its positions), and compiled in the background like the later
+bucket (a prompt chunk that captures its positions), each at residual sites only and at every site
+(models/research_hooks.py), and compiled in the background like the later
 sampler variants; steps whose research needs more slots compile theirs through jit on first use.
 """
 
@@ -248,19 +249,21 @@ class StepCompiler:
         return time.perf_counter() - t0
 
     def compile_research_later(
-        self, params, kv_caches, research_inputs: Callable[[int, bool], object]
+        self, params, kv_caches, research_inputs: Callable[[int, bool, bool], object]
     ) -> None:
-        """Trace each bucket's model steps with research (`research_inputs(T, all_rows)`: the smallest
-        ResearchInputs of a T-token step, capturing up to 32 rows or all T) now, and compile them on
-        background threads (research_step waits for one still compiling). Steps with research then compile
-        nothing while their slots fit those floors."""
+        """Trace each bucket's model steps with research (`research_inputs(T, all_rows, residual_only)`:
+        the smallest ResearchInputs of a T-token step, capturing up to 32 rows or all T, at residual sites
+        only or at every site) now, and compile them on background threads (research_step waits for one
+        still compiling), the residual variants first. Steps with research then compile nothing while their
+        slots fit those floors."""
         todo = {}
         variants = []
-        for shape in self.plan.all_shapes():
-            variants.append((shape, research_inputs(shape[0], False)))
-            every_row = research_inputs(shape[0], True)
-            if research_dims(every_row) != research_dims(variants[-1][1]):  # T above the 32-row floor
-                variants.append((shape, every_row))
+        for residual_only in (True, False):
+            for shape in self.plan.all_shapes():
+                variants.append((shape, research_inputs(shape[0], False, residual_only)))
+                every_row = research_inputs(shape[0], True, residual_only)
+                if research_dims(every_row) != research_dims(variants[-1][1]):  # T above the 32-row floor
+                    variants.append((shape, every_row))
         for shape, inputs in variants:
             args = self._research_step_args(params, kv_caches, shape, inputs)
             tier = step_tier(shape[0])

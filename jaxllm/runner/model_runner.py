@@ -315,7 +315,9 @@ class ModelRunner:
         self.compiler.compile_research_later(
             self.params,
             self.kv_caches,
-            lambda t, all_rows: pack_research(smallest_research_inputs(t, self.hidden_size, all_rows)),
+            lambda t, all_rows, residual_only: pack_research(
+                smallest_research_inputs(t, self.hidden_size, all_rows, residual_only)
+            ),
         )
 
     def _warm_sequentially(self) -> None:

@@ -15,10 +15,11 @@ of two of theirs, at least 8 even with none (a step that only captures runs the 
 edits, with neutral values): a handful of variants per token bucket, whatever the mix of layers, sites
 and heads (models/research_hooks.py). The variants compiled ahead (`smallest_research_inputs`,
 runner/compiler.py) take up to 8 sites and 8 steers, scales, head scales and patches, with R = 32 and
-R = T; the slots cost little (steering is a [J, T] x [J, H] product per site). Only the rows a step
-captured are read back (`ResearchBatch.rows_to_read`), not the whole [C + 1, R, H] buffer.
+R = T; the slots cost little (steering is a [J, T] x [J, H] product per site). Each comes twice: for
+steps whose slots all sit on residual sites, and for any site (models/research_hooks.py says why). Only
+the rows a step captured are read back (`ResearchBatch.rows_to_read`), not the whole [C + 1, R, H] buffer.
 
-    research_dims(inputs) -> (R, C, J, M, K, P)   the variant's key
+    research_dims(inputs) -> (R, C, J, M, K, P, residual_only)   the variant's key
     pack_research(inputs) -> PackedResearch       what the step is called with: two arrays (ints, floats)
 
 Packed, because each array handed to an executable is its own host-to-device copy with its own
@@ -55,8 +56,8 @@ _FLOAT_FIELDS = ("steer_vectors", "steer_scales", "scale_factors", "head_factors
 
 @jax.tree_util.register_pytree_node_class
 class PackedResearch:
-    """ResearchInputs as one i32 and one f32 array (module docstring); `dims` (R, C, J, M, K, P, T, H) is
-    the pytree's static part."""
+    """ResearchInputs as one i32 and one f32 array (module docstring); `dims` (R, C, J, M, K, P,
+    residual_only, T, H) is the pytree's static part."""
 
     def __init__(self, ints, floats, dims: tuple[int, ...]):
         self.ints, self.floats, self.dims = ints, floats, tuple(dims)
@@ -69,7 +70,7 @@ class PackedResearch:
         return cls(*children, dims)
 
     def _shapes(self) -> dict[str, tuple[int, ...]]:
-        r, c, j, m, k, p, t, h = self.dims
+        r, c, j, m, k, p, _, t, h = self.dims
         return dict(
             cap_rows=(r,), cap_codes=(c,), steer_codes=(j,), scale_codes=(m,), head_layers=(k,), head_index=(k,),
             patch_codes=(p,), patch_rows=(p,), steer_vectors=(j, h), steer_scales=(j, t), scale_factors=(m, t),
@@ -85,7 +86,7 @@ class PackedResearch:
                 size = int(np.prod(shapes[name]))
                 out[name] = flat[at : at + size].reshape(shapes[name])
                 at += size
-        return ResearchInputs(**out)
+        return ResearchInputs(**out, residual_only=bool(self.dims[6]))
 
 
 def pack_research(ri: ResearchInputs) -> PackedResearch:
@@ -97,13 +98,12 @@ def pack_research(ri: ResearchInputs) -> PackedResearch:
 
 
 def research_dims(ri: ResearchInputs | PackedResearch) -> tuple[int, ...]:
-    """(R, C, J, M, K, P): the slot sizes that, with the token bucket, pick the compiled variant."""
+    """(R, C, J, M, K, P, residual_only): the slot sizes and sites that, with the token bucket, pick the
+    compiled variant."""
     if isinstance(ri, PackedResearch):
-        return ri.dims[:6]
-    return tuple(
-        int(a.shape[0])
-        for a in (ri.cap_rows, ri.cap_codes, ri.steer_codes, ri.scale_codes, ri.head_layers, ri.patch_codes)
-    )
+        return ri.dims[:7]
+    sizes = (ri.cap_rows, ri.cap_codes, ri.steer_codes, ri.scale_codes, ri.head_layers, ri.patch_codes)
+    return (*(int(a.shape[0]) for a in sizes), int(ri.residual_only))
 
 
 def _capture_rows_bucket(n: int, num_tokens: int) -> int:
@@ -111,10 +111,13 @@ def _capture_rows_bucket(n: int, num_tokens: int) -> int:
     return _MIN_ROWS if n <= _MIN_ROWS else max(num_tokens, _MIN_ROWS)
 
 
-def smallest_research_inputs(num_tokens: int, hidden_size: int, all_rows: bool = False) -> ResearchInputs:
+def smallest_research_inputs(
+    num_tokens: int, hidden_size: int, all_rows: bool = False, residual_only: bool = False
+) -> ResearchInputs:
     """Neutral ResearchInputs of a `num_tokens`-token step at the floors (`all_rows`: with R = the step's
-    tokens, as a step capturing more than 32 rows has): the variants compiled ahead."""
-    ri = _research_inputs([], [], [], [], [], [], num_tokens, hidden_size)
+    tokens, as a step capturing more than 32 rows has; `residual_only`: the variant of residual sites):
+    the variants compiled ahead."""
+    ri = _research_inputs([], [], [], [], [], [], num_tokens, hidden_size, residual_only=residual_only)
     if all_rows:
         r = _capture_rows_bucket(num_tokens, num_tokens)  # the R of a step capturing all its rows
         ri = dataclasses.replace(ri, cap_rows=np.zeros(r, np.int32))
@@ -211,9 +214,12 @@ def build_research_batch(
             code = site_code(site, num_layers)
             w.slots[str(site)] = codes.setdefault(code, len(codes))
     slot_codes = sorted(codes, key=codes.get)  # slot k holds the k-th code seen
+    site_codes = [*slot_codes, *(x[0] for x in steers), *(x[0] for x in scales), *(x[0] for x in patches)]
+    residual_only = not heads and all(code < num_layers for code in site_codes)
     inputs = _research_inputs(
-        cap_rows, slot_codes, steers, scales, heads, patches, num_tokens, hidden_size, want_logits
-    )
+        cap_rows, slot_codes, steers, scales, heads, patches, num_tokens, hidden_size, want_logits,
+        residual_only,
+    )  # fmt: skip
     return ResearchBatch(inputs, want_logits, wanted)
 
 
@@ -227,6 +233,7 @@ def _research_inputs(
     num_tokens: int,
     hidden_size: int,
     logits: bool = False,
+    residual_only: bool = False,
 ) -> ResearchInputs:
     """The padded numpy ResearchInputs of a step's captures and edits (see build_research_batch). With
     captured logits (f32[R, V], compiled through jit anyway) R stays the power of two of the rows: R = T
@@ -269,4 +276,5 @@ def _research_inputs(
         patch_codes,
         patch_rows,
         patch_values,
+        residual_only,
     )

@@ -54,10 +54,11 @@ def test_research_steps_run_the_executables_compiled_ahead(tiny_llama_dir, jax_c
     runner.wait_for_background_compiles()
     shapes = runner.plan.all_shapes()
     floors = research_dims(smallest_research_inputs(8, runner.hidden_size))
-    assert floors == (32, 8, 8, 8, 8, 8)
-    every_row = {(s, (s[0], *floors[1:])) for s in shapes if s[0] > 32}
+    assert floors == (32, 8, 8, 8, 8, 8, 0)
+    variants = {(s, (32, *floors[1:6], residual)) for s in shapes for residual in (0, 1)}
+    every_row = {(s, (s[0], *floors[1:6], residual)) for s in shapes if s[0] > 32 for residual in (0, 1)}
     assert every_row  # the 64-token bucket
-    assert set(runner.compiler.ahead_research) == {(s, floors) for s in shapes} | every_row
+    assert set(runner.compiler.ahead_research) == variants | every_row
     compiler = runner.compiler
     step_jit = compiler.step_jit
     jitted_research = []

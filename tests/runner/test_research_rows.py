@@ -84,12 +84,61 @@ def test_packed_inputs_unpack_to_the_same_arrays():
     scales = [(3, 0.25, 0, 2)]
     heads = [(1, 2, 0.0, 2, 5), (0, 1, 3.0, 0, 8), (1, 0, 0.5, 3, 4)]
     patches = [(5, 3, rng.standard_normal(H).astype(np.float32))]
-    ri = _research_inputs([1, 3, 4], [3, 9], steers, scales, heads, patches, 8, H)
-    packed = pack_research(ri)
-    assert packed.ints.dtype == np.int32 and packed.floats.dtype == np.float32
-    assert research_dims(packed) == research_dims(ri)
-    for got in (packed.unpack(), jax.jit(lambda p: p.unpack())(packed)):
-        for name in ri.__dataclass_fields__:
+    for residual_only in (False, True):
+        ri = _research_inputs(
+            [1, 3, 4], [3, 9], steers, scales, heads, patches, 8, H, residual_only=residual_only
+        )
+        packed = pack_research(ri)
+        assert packed.ints.dtype == np.int32 and packed.floats.dtype == np.float32
+        assert research_dims(packed) == research_dims(ri)
+        assert research_dims(ri)[-1] == residual_only
+        for got in (packed.unpack(), jax.jit(lambda p: p.unpack())(packed)):
+            assert got.residual_only is residual_only
+            check_same_arrays(ri, got)
+
+
+def check_same_arrays(ri, got):
+    for name in ri.__dataclass_fields__:
+        if name != "residual_only":
             want, have = getattr(ri, name), np.asarray(getattr(got, name))
             assert have.shape == want.shape, name
             np.testing.assert_array_equal(have, np.asarray(want, have.dtype), err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "research, residual_only",
+    [
+        (dict(capture=["residual.0", "residual.1"]), True),
+        (dict(steer=[("residual.1", 2.0)]), True),
+        (dict(capture=["residual.0", "logits"], scale=[("residual.0", 0.5, None)]), True),
+        (dict(capture=["residual.0", "attn_out.1"]), False),
+        (dict(capture=["final_norm"]), False),
+        (dict(steer=[("mlp_out.0", 1.0)]), False),
+        (dict(scale=[("attn_out.1", 0.5, 1)]), False),  # a head scale acts inside attention
+    ],
+)
+def test_steps_at_residual_sites_alone_run_the_residual_variant(research, residual_only):
+    """A step whose captures, steers, scales and patches all sit on residual sites runs the variant that
+    edits and captures only there (research_hooks.py); any other site, or a head scale, needs them all."""
+    from types import SimpleNamespace
+
+    from jaxllm.research_params import ResearchParams, Scale, Steer
+    from jaxllm.runner.research_batch import build_research_batch
+
+    vec = np.ones(H, np.float32)
+    params = ResearchParams(
+        capture=research.get("capture", []),
+        steer=[Steer(site, vec, scale) for site, scale in research.get("steer", [])],
+        scale=[Scale(site, f, head=h) for site, f, h in research.get("scale", [])],
+    )
+    plain = SimpleNamespace(params=SimpleNamespace(research=None), prompt_token_ids=[1, 2, 3])
+    asking = SimpleNamespace(params=SimpleNamespace(research=params), prompt_token_ids=[1, 2, 3, 4])
+    scheduled = [
+        SimpleNamespace(req_id="a", start=0, num_new_tokens=3),
+        SimpleNamespace(req_id="b", start=0, num_new_tokens=4),
+    ]
+    batch = build_research_batch(
+        scheduled, [plain, asking], np.array([0, 3, 7]), 8, num_layers=2, hidden_size=H
+    )
+    assert batch.inputs.residual_only is residual_only
+    assert research_dims(batch.inputs)[-1] == residual_only
