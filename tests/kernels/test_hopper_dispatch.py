@@ -37,6 +37,7 @@ CASES = [
     ([1, 150, 1, 20], [1023, 300, 513, 20], jnp.bfloat16, 16, (4, 2), 64, 128, {"soft_cap": 20.0, **P0}),
     ([1, 150, 3], [64, 200, 40], jnp.bfloat16, 16, (4, 2), 64, 128, {"sliding_window": 50, **P0}),
     ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 2, P0),  # decode-like batch
+    ([1], [700], jnp.bfloat16, 16, (4, 2), 64, 128, P0),  # one decoding sequence (a one-token bucket)
     # Decode-like batches on the Mosaic decode kernel (their chunks and padding rows on the Triton one).
     ([1, 1, 1, 2], [100, 3, 513, 9], jnp.bfloat16, 16, (4, 2), 64, 128, {"decode_min_units": 1}),
     ([1, 3, 1, 1], [1023, 40, 17, 64], jnp.float16, 8, (8, 1), 128, 128, {"decode_min_units": 1}),
