@@ -277,8 +277,11 @@ class StepCompiler:
             todo[(shape, research_dims(inputs))] = functools.partial(
                 self.executables.get_or_compile, desc, lambda lower=lower: lower().compile()
             )
+        # As many workers as the later sampler variants get (at least two): each compile is one thread of
+        # XLA, and the research variants are the most numerous (two site sets per bucket and row size).
+        workers = max(2, min(4, (os.cpu_count() or 4) // 2))
         self._compile_in_background(
-            todo, 2, self.ahead_research, self.pending_research, "model-step variants with research"
+            todo, workers, self.ahead_research, self.pending_research, "model-step variants with research"
         )
 
     def _research_step_args(self, params, kv_caches, shape, inputs) -> tuple:
