@@ -73,7 +73,7 @@ def _gemv_kernel(
     half = block_k // 2
     bn = o_ref.shape[-1]
 
-    def body(step, accs):  # accs: f32[bk/2, bn] per row, reduced over the inputs after the loop
+    def body(step, accs):  # accs: f32[1, bn] per row
         k0 = pl.multiple_of(step * block_k, block_k)
         packed = qw_ref[pl.ds(pl.multiple_of(step * half, half), half), :].astype(jnp.uint32)
         q_lo = _codes_unit(packed << 19)  # inputs k0, k0 + 2, ...: 1 + q / 16
@@ -92,8 +92,7 @@ def _gemv_kernel(
     init = tuple(jnp.zeros((1, bn), jnp.float32) for _ in range(rows))
     accs = lax.fori_loop(lo, hi, body, init)
     for r in range(rows):
-        y = CODE_SCALE * jnp.sum(accs[r], axis=0, keepdims=True)
-        o_ref[pl.ds(r, 1), :] = y.astype(o_ref.dtype)
+        o_ref[pl.ds(r, 1), :] = (CODE_SCALE * accs[r]).astype(o_ref.dtype)
 
 
 def default_gemv_config(m: int, k: int, n: int, group_size: int) -> dict:
@@ -162,7 +161,5 @@ def w4a16_gemv(
     ]
     kernel = functools.partial(_gemv_kernel, block_k=bk, group_size=g, num_steps=k // bk, split_k=split)
     name = f"w4a16_gemv_bn{bn}_bk{bk}_sk{split}"
-    operands = (x, qweight, scales, zeros)
-    out = jax.ShapeDtypeStruct((m, n), x.dtype)
-    return split_k_call(kernel, operands, in_specs, (n // bn, split), lambda j, c: (c, j), out, bn, cfg, name,
-                        interpret)  # fmt: skip
+    return split_k_call(kernel, (x, qweight, scales, zeros), in_specs, (n // bn, split), lambda j, c: (c, j), bn,
+                        cfg, name, interpret)  # fmt: skip

@@ -246,21 +246,20 @@ def _launch(x, qweight, scales, zeros, cfg: dict, *, group_size: int, interpret)
         split_k=split_k,
     )
     name = f"w4a16_matmul_bm{bm}_bn{bn}_bk{bk}_sk{split_k}"
-    out = jax.ShapeDtypeStruct((m, n), x.dtype)
-    return split_k_call(kernel, (x, qweight, scales, zeros), in_specs, grid, lambda i, j, c: (c, j), out, bn,
-                        cfg, name, interpret)  # fmt: skip
+    return split_k_call(kernel, (x, qweight, scales, zeros), in_specs, grid, lambda i, j, c: (c, j), bn, cfg,
+                        name, interpret)  # fmt: skip
 
 
 def split_k_call(
-    kernel, operands, in_specs, grid, split_and_column, out: jax.ShapeDtypeStruct, bn: int, cfg: dict,
-    name: str, interpret
-):  # fmt: skip
-    """The pallas_call of a W4A16 kernel whose programs each write a [M, bn] block of y = x @ w (`out`:
-    y's [M, N] and dtype): with split_k 1 straight into y, else as float32 partials [split_k, M, N] that
-    one XLA reduction adds. `split_and_column(*program ids) -> (split, column block)`."""
-    (m, n), split_k = out.shape, cfg["split_k"]
+    kernel, operands, in_specs, grid, split_and_column, bn: int, cfg: dict, name: str, interpret
+):
+    """The pallas_call of a W4A16 kernel whose programs each write a [M, bn] block of y = x @ w: with
+    split_k 1 straight into y (x's dtype), else as float32 partials [split_k, M, N] that one XLA reduction
+    adds. `split_and_column(*program ids) -> (split, column block)`."""
+    x, qweight = operands[0], operands[1]
+    m, n, split_k = x.shape[0], qweight.shape[1], cfg["split_k"]
     if split_k == 1:
-        out_shape = out
+        out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
         out_spec = pl.BlockSpec((m, bn), lambda *ids: (0, split_and_column(*ids)[1]))
     else:
         out_shape = jax.ShapeDtypeStruct((split_k, m, n), jnp.float32)
@@ -270,7 +269,7 @@ def split_k_call(
             return split, 0, column
 
         out_spec = pl.BlockSpec((None, m, bn), partial_block)
-    y = pl.pallas_call(
+    out = pl.pallas_call(
         kernel,
         grid=grid,
         in_specs=in_specs,
@@ -281,8 +280,8 @@ def split_k_call(
         name=name,
     )(*operands)
     if split_k == 1:
-        return y
-    return jnp.sum(y, axis=0).astype(out.dtype)
+        return out
+    return jnp.sum(out, axis=0).astype(x.dtype)
 
 
 def _check_inputs(x, qweight, scales, zeros) -> int:
