@@ -300,7 +300,8 @@ class LlamaForCausalLM(nn.Module):
                 self, layer, x, kv_cache, md, inv_freq, edits, attention_factor=attention_factor
             )
             x = apply_edit(x, site_edit(tables, i))
-            for code, act in ((i, x), (n + i, h), (2 * n + i, m))[: 3 if every_site else 1]:
+            captured = ((i, x), (n + i, h), (2 * n + i, m)) if every_site else ((i, x),)
+            for code, act in captured:
                 caps = capture(caps, tables, code, act)
             new_caches.append(kv_cache)
         x = self.norm(x)

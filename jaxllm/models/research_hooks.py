@@ -40,6 +40,11 @@ def site_code(site: Site, num_layers: int) -> int:
     return LAYER_SITES.index(site.kind) * num_layers + site.layer
 
 
+def is_residual_code(code: int, num_layers: int) -> bool:
+    """Whether `code` (site_code's) is a "residual.i" site: those come first, 0 .. L - 1."""
+    return 0 <= code < num_layers
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class ResearchInputs:
@@ -56,8 +61,8 @@ class ResearchInputs:
     patch_codes: jax.Array  # i32[P] the site code of each patch, -1 unused
     patch_rows: jax.Array  # i32[P] the row it replaces (T: none, dropped)
     patch_values: jax.Array  # f32[P, H]
-    # Static: every slot of the step sits on a residual site (codes < L; no head scale, no final_norm
-    # capture), so the variant edits and captures only there (`edited_sites`).
+    # Static: every slot of the step sits on a residual site (`is_residual_code`; no head scale), so the
+    # variant edits and captures only there (LlamaForCausalLM.__call__).
     residual_only: bool = field(default=False, metadata=dict(static=True))
 
 

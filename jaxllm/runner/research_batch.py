@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
-from jaxllm.models.research_hooks import ResearchInputs, site_code
+from jaxllm.models.research_hooks import ResearchInputs, is_residual_code, site_code
 from jaxllm.runner.request_state import RequestState
 from jaxllm.scheduler_output import ScheduledRequest
 
@@ -215,7 +215,7 @@ def build_research_batch(
             w.slots[str(site)] = codes.setdefault(code, len(codes))
     slot_codes = sorted(codes, key=codes.get)  # slot k holds the k-th code seen
     site_codes = [*slot_codes, *(x[0] for x in steers), *(x[0] for x in scales), *(x[0] for x in patches)]
-    residual_only = not heads and all(code < num_layers for code in site_codes)
+    residual_only = not heads and all(is_residual_code(code, num_layers) for code in site_codes)
     inputs = _research_inputs(
         cap_rows, slot_codes, steers, scales, heads, patches, num_tokens, hidden_size, want_logits,
         residual_only,
