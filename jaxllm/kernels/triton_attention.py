@@ -15,6 +15,11 @@ Data flow of one call:
   4. k_splits == 1: the program normalises and writes the output rows. k_splits > 1 (flash-decoding
      for long contexts with few sequences): each split writes unnormalised float32 partials with their
      running max and sum, and a small jnp epilogue (combine_splits) merges them.
+  5. k_splits is the grid's static maximum; how many splits a launch uses is decided on the device from
+     the items that have work (triton_schedule.active_splits): the engine pads a step to its bucket, and
+     a bucket of 8 sequence slots holding one long sequence would otherwise split it as if all 8 were
+     there (a quarter of the SMs streaming its context). Programs past the active count exit without
+     storing, and the epilogue leaves their partials out.
 
 Masking: a key is visible when kv_pos < kv_len, kv_pos <= query position (causal with respect to the
 sequence's context: query row i of a q_len chunk sits at kv_len - q_len + i) and, with a sliding
@@ -69,13 +74,20 @@ from jaxllm.kernels.ragged_batch import (
     query_view,
     to_launch_layout,
 )
-from jaxllm.kernels.triton_schedule import build_work_items
+from jaxllm.kernels.triton_schedule import active_splits, build_work_items
 
 __all__ = ["DTYPES", "KNOBS", "default_config", "launch_rows", "ragged_paged_attention", "resolve_config"]
 
 MASK_VALUE = -1e30
 LOOP_LAYOUTS = ("split", "masked")
 _LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False, split_decode=True)
+# Programs a split launch aims for (triton_schedule.active_splits): two for each SM of an H100 (132) or
+# H200, which the decode tiles' shared memory allows. 0 turns the device-side choice off (every launch
+# uses all k_splits), for sweeps.
+SPLIT_TARGET = 264
+# Splits a decode bucket may have beyond what a full bucket needs, bounded so that k_splits x S (the
+# rows of float32 partials the epilogue reads) stays at most SPLIT_ROWS.
+SPLIT_ROWS = 256
 KNOBS = (
     "block_q",
     "pages_per_block",
@@ -85,6 +97,7 @@ KNOBS = (
     "loop_layout",
     "prefetch_pages",
     "split_decode",
+    "split_target",
 )
 _LOG2E = math.log2(math.e)
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -96,6 +109,7 @@ def _rpa_kernel(
     q1_ref,  # i32[W]
     kv_len_ref,  # i32[W]
     pos0_ref,  # i32[W]
+    splits_ref,  # i32[1] splits in use (<= k_splits; triton_schedule.active_splits)
     bt_ref,  # i32[S, Bp]
     q_ref,  # [Tp, Gp, D]  (KV head squeezed)
     k_ref,  # [P, PS, D]  (q's dtype, or fp8)
@@ -153,7 +167,8 @@ def _rpa_kernel(
     pos_last = pos0 + n_rows - 1
     kv_hi = jnp.minimum(kv_len, pos_last + 1)
     kv_lo = jnp.int32(0) if sliding_window is None else jnp.maximum(pos0 - sliding_window + 1, 0)
-    blk_lo, blk_hi = split_steps(kv_lo // bk, (kv_hi + bk - 1) // bk, split, k_splits)
+    used = splits_ref[0] if k_splits > 1 else 1
+    blk_lo, blk_hi = split_steps(kv_lo // bk, (kv_hi + bk - 1) // bk, split, used)
     blk_hi = jnp.where(n_rows > 0, blk_hi, blk_lo)
     # Blocks [mid_lo, mid_hi) are visible to every row of the tile: no mask, no V zeroing.
     full_hi = jnp.minimum(pos0 + 1, kv_len) // bk
@@ -226,16 +241,18 @@ def _rpa_kernel(
         plgpu.store(out_rows, out.reshape(block_q, gp, d).astype(o_ref.dtype), mask=tok_valid[:, None, None])
     else:
         m_ref, l_ref = stat_refs
-        plgpu.store(out_rows, acc.reshape(block_q, gp, d), mask=tok_valid[:, None, None])
-        plgpu.store(m_ref.at[pl.ds(q0, block_q), :], m_i.reshape(block_q, gp), mask=tok_valid[:, None])
-        plgpu.store(l_ref.at[pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=tok_valid[:, None])
+        stored = tok_valid & (split < used)  # splits past those in use store nothing (combine_splits)
+        plgpu.store(out_rows, acc.reshape(block_q, gp, d), mask=stored[:, None, None])
+        plgpu.store(m_ref.at[pl.ds(q0, block_q), :], m_i.reshape(block_q, gp), mask=stored[:, None])
+        plgpu.store(l_ref.at[pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=stored[:, None])
 
 
-def split_steps(lo, hi, split, k_splits: int):
+def split_steps(lo, hi, split, k_splits):
     """Key steps [lo, hi) of one work item cut into k_splits near-equal runs: run `split` of them.
     Runs are whole steps (pages_per_block pages), so no two splits read the same key; runs past the
-    item's steps are empty (lo == hi), and their programs write m = MASK_VALUE, l = 0."""
-    if k_splits == 1:
+    item's steps, and splits at or past k_splits (an int, or an i32 scalar chosen on the device), are
+    empty (lo == hi), and their programs write m = MASK_VALUE, l = 0."""
+    if isinstance(k_splits, int) and k_splits == 1:
         return lo, hi
     per = (hi - lo + k_splits - 1) // k_splits
     start = jnp.minimum(lo + split * per, hi)
@@ -250,8 +267,11 @@ def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
         pages_per_block = max(1, 128 // page_size) if d <= 128 else max(1, 64 // page_size)
         programs = hkv * s
         k_splits = 1
-        if programs < 264:
-            k_splits = next_pow2(-(-264 // programs))
+        if programs < SPLIT_TARGET:
+            # What a full bucket needs, or, where the partials stay small, what one sequence needs: the
+            # launch picks how many it uses from the sequences it finds (module docstring, 5).
+            full = next_pow2(-(-SPLIT_TARGET // programs))
+            k_splits = max(full, min(next_pow2(-(-SPLIT_TARGET // hkv)), SPLIT_ROWS // s))
         # From the decode sweep (benchmarks/kernel_sweep.py): one masked loop beats the split interior
         # loop in decode (Triton keeps V of the unmasked loop in registers instead of staging it).
         # Without splits, 32-token steps with the page ids prefetched, 3 stages and 2 warps put about
@@ -270,6 +290,7 @@ def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
             k_splits=k_splits,
             num_warps=warps,
             num_stages=stages,
+            split_target=SPLIT_TARGET,
             **{**_LOOP_DEFAULTS, "loop_layout": "masked", "prefetch_pages": prefetch},
         )
     rows = 128 if d <= 128 else 64
@@ -282,6 +303,7 @@ def default_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
         k_splits=1,
         num_warps=8,
         num_stages=2,
+        split_target=SPLIT_TARGET,
         **_LOOP_DEFAULTS,
     )
 
@@ -304,6 +326,8 @@ def resolve_config(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, b:
             raise ValueError(f"{name}={val} must be a power of two >= 1")
     if cfg["k_splits"] < 1:
         raise ValueError(f"k_splits={cfg['k_splits']} must be >= 1")
+    if cfg["split_target"] < 0:
+        raise ValueError(f"split_target={cfg['split_target']} must be >= 0 (0: always all k_splits)")
     rows, keys = cfg["block_q"] * gp, cfg["pages_per_block"] * page_size
     if rows < 16 or keys < 16:
         raise ValueError(f"tile rows block_q*group={rows} and pages_per_block*page_size={keys} must be >= 16")
@@ -332,6 +356,7 @@ def ragged_paged_attention(
     loop_layout: str | None = None,
     prefetch_pages: bool | None = None,
     split_decode: bool | None = None,
+    split_target: int | None = None,
     q_heads: int | None = None,
     k_scale=1.0,
     v_scale=1.0,
@@ -342,6 +367,8 @@ def ragged_paged_attention(
     shape-based choice: block_q query tokens per program (times the padded group size = tile rows),
     pages_per_block pages per inner step, k_splits splits of the context (flash-decoding), Triton's
     num_warps / num_stages, and the loop variants loop_layout / prefetch_pages (module docstring).
+    split_target: the programs a split launch aims for, from which it picks how many of the k_splits it
+    uses (triton_schedule.active_splits; 0: all of them).
     split_decode (default on): in a batch tuned for prefill tiles, the one-row (decode) sequences run in
     their own launch with the decode config; the knobs given apply to the other rows.
     q_heads: q's first q_heads heads are the queries and more heads follow (a fused q|k|v array, read in
@@ -361,7 +388,7 @@ def ragged_paged_attention(
         t, s, hq, hkv, d, ps, b,
         block_q=block_q, pages_per_block=pages_per_block, k_splits=k_splits, num_warps=num_warps,
         num_stages=num_stages, loop_layout=loop_layout, prefetch_pages=prefetch_pages,
-        split_decode=split_decode,
+        split_decode=split_decode, split_target=split_target,
     )  # fmt: skip
     # A mixed batch (prefill tiles) splits off its decode rows: a one-row sequence in a prefill-sized tile
     # would pay block_q times the matrix work for its context. Decode rows go first, through the decode
@@ -410,6 +437,7 @@ def launch_rows(
         md, num_tokens=t, block_q=block_q, select=select, num_items=num_items, max_q_len=max_q_len
     )
     w = items.seq.shape[0]
+    used = active_splits(items, hkv=hkv, k_splits=k_splits, target=cfg["split_target"])
 
     # Block table padded to whole inner steps, so every step reads in-range rows.
     bt = block_tables
@@ -418,6 +446,7 @@ def launch_rows(
 
     scalar_spec = pl.BlockSpec((w,), lambda h, i, c: (0,))
     in_specs = [scalar_spec] * 5 + [
+        pl.BlockSpec((1,), lambda h, i, c: (0,)),
         pl.BlockSpec(bt.shape, lambda h, i, c: (0, 0)),
         pl.BlockSpec((tp, None, gp, d), lambda h, i, c: (0, h, 0, 0)),
         pl.BlockSpec((None, *k_pages.shape[1:]), lambda h, i, c: (h, 0, 0, 0)),
@@ -449,7 +478,7 @@ def launch_rows(
         prefetch_pages=cfg["prefetch_pages"],
         quantized=quantized,
     )
-    args = [items.seq, items.q0, items.q1, items.kv_len, items.pos0, bt, qg, k_pages, v_pages]
+    args = [items.seq, items.q0, items.q1, items.kv_len, items.pos0, used, bt, qg, k_pages, v_pages]
     if quantized:
         in_specs.append(pl.BlockSpec((2,), lambda h, i, c: (0,)))
         args.append(scales_array(k_scale, v_scale))
@@ -480,21 +509,30 @@ def launch_rows(
 
     if k_splits == 1:
         return res
-    return combine_splits(*res).astype(qg.dtype)
+    return combine_splits(*res, used=used[0]).astype(qg.dtype)
 
 
-def combine_splits(acc, m, l_):  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2 -> f32[Tp, Hkv, Gp, D]
+def combine_splits(acc, m, l_, used=None):  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2 -> f32[Tp, Hkv, Gp, D]
     """The splits' partial outputs merged: each rescaled by exp2(its max - the overall max) (m is in
     log2 units), summed, divided by the rescaled sum of l. Unrolled over the K splits as elementwise ops
     on slices, which XLA emits as one loop kernel; reductions over the split axis would make three
-    (max, the rescale, the sums), each a launch per layer."""
+    (max, the rescale, the sums), each a launch per layer. `used` (i32 scalar, >= 1): splits from it on
+    were not written (their buffers hold whatever was there) and are selected away, never multiplied."""
     k = acc.shape[0]
+    live = [True] * k if used is None else [True] + [c < used for c in range(1, k)]
     m_max = m[0]
     for c in range(1, k):
-        m_max = jnp.maximum(m_max, m[c])
+        m_max = (
+            jnp.maximum(m_max, m[c])
+            if live[c] is True
+            else jnp.where(live[c], jnp.maximum(m_max, m[c]), m_max)
+        )
     num, den = None, None
     for c in range(k):
         scale = jnp.exp2(m[c] - m_max)
-        num = acc[c] * scale[..., None] if num is None else num + acc[c] * scale[..., None]
-        den = l_[c] * scale if den is None else den + l_[c] * scale
+        part, part_l = acc[c] * scale[..., None], l_[c] * scale
+        if live[c] is not True:
+            part, part_l = jnp.where(live[c], part, 0.0), jnp.where(live[c], part_l, 0.0)
+        num = part if num is None else num + part
+        den = part_l if den is None else den + part_l
     return num / jnp.where(den == 0.0, 1.0, den)[..., None]

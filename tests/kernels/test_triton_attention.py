@@ -11,10 +11,17 @@ from __future__ import annotations
 import itertools
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxllm.kernels.reference import ref_ragged_paged_attention
-from jaxllm.kernels.triton_attention import ragged_paged_attention, split_steps
+from jaxllm.kernels.triton_attention import (
+    combine_splits,
+    default_config,
+    ragged_paged_attention,
+    split_steps,
+)
+from jaxllm.kernels.triton_schedule import WorkItems, active_splits
 from jaxllm.testing.kernel_cases import MODES, make_problem, rel_err, tolerance
 from tests.kernels.checks import (
     CONTRACT_VIOLATIONS,
@@ -121,6 +128,62 @@ def test_splits_with_a_wide_block_table(kw, interpret):
     prob = make_problem(q_lens, kv_lens, hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16,
                         extra_table_pages=3 * 64)  # fmt: skip
     check_against_reference(ragged_paged_attention, prob, sm_scale=0.125, interpret=interpret, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(split_target=24), dict(split_target=0)], ids=str)
+def test_one_long_sequence_in_a_wide_bucket(kw, interpret):
+    """A decode bucket of 8 slots holding one long sequence: the launch uses more splits than a full
+    bucket would (default), some of its k_splits (a target of 24 programs: 12 splits of 2 KV heads ->
+    16), or all of them (target 0); the same answer each time."""
+    prob = make_problem(
+        [1], [3001], hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16, pad_rows=7, pad_seqs=7
+    )
+    assert prob.q.shape[0] == 8 and prob.md.block_tables.shape[0] == 8
+    assert default_config(8, 8, 8, 2, 64, 16, 190)["k_splits"] == 32
+    check_against_reference(ragged_paged_attention, prob, sm_scale=0.125, interpret=interpret, **kw)
+
+
+def _items(kv_lens, q_lens):
+    kv, q = jnp.array(kv_lens, jnp.int32), jnp.array(q_lens, jnp.int32)
+    zero = jnp.zeros_like(kv)
+    return WorkItems(seq=zero, q0=zero, q1=q, kv_len=kv, pos0=zero)
+
+
+@pytest.mark.parametrize(
+    "kv_lens, q_lens, hkv, k_splits, target, want",
+    [
+        ([3000, 0, 0, 0], [1, 0, 0, 0], 8, 32, 264, 32),  # 264 / 8 = 33 -> 64, capped at 32
+        ([3000, 5, 0, 0], [1, 1, 0, 0], 8, 32, 264, 32),  # 264 / 16 = 16.5 -> 32
+        ([9, 9, 9, 9], [1, 1, 1, 1], 8, 32, 264, 16),  # 264 / 32 = 8.25 -> 16
+        ([9, 9, 9, 0], [1, 1, 1, 1], 8, 32, 264, 16),  # an item without keys does not count
+        ([9, 9, 9, 9], [1, 1, 1, 0], 8, 32, 264, 16),  # nor one without rows: 264 / 24 = 11 -> 16
+        ([9] * 4, [1] * 4, 2, 3, 264, 3),  # capped at a k_splits that is no power of two
+        ([9] * 4, [1] * 4, 8, 32, 0, 32),  # target 0: all splits
+        ([0] * 4, [0] * 4, 8, 32, 264, 32),  # nothing to do: as if one item
+        ([9] * 4, [1] * 4, 8, 1, 264, 1),
+    ],
+)
+def test_active_splits_by_hand(kv_lens, q_lens, hkv, k_splits, target, want):
+    got = active_splits(_items(kv_lens, q_lens), hkv=hkv, k_splits=k_splits, target=target)
+    assert got.shape == (1,) and int(got[0]) == want
+
+
+def test_combine_splits_leaves_out_unwritten_splits():
+    """Splits at or past `used` hold whatever was in their buffers (NaN here): the merge is the merge of
+    the used ones alone, which is the softmax-weighted mean computed by hand."""
+    rng = np.random.default_rng(0)
+    k, shape = 4, (3, 2, 2)  # [Tp, Hkv, Gp]
+    acc = rng.standard_normal((k, *shape, 8)).astype(np.float32)
+    m = rng.standard_normal((k, *shape)).astype(np.float32) * 4
+    l_ = rng.uniform(0.5, 2.0, (k, *shape)).astype(np.float32)
+    used = 2
+    want = (acc[:used] * np.exp2(m[:used])[..., None]).sum(0) / (l_[:used] * np.exp2(m[:used])).sum(0)[
+        ..., None
+    ]
+    acc[used:], m[used:], l_[used:] = np.nan, np.nan, np.nan
+    got = combine_splits(jnp.asarray(acc), jnp.asarray(m), jnp.asarray(l_), used=jnp.int32(used))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+    assert np.isnan(np.asarray(combine_splits(jnp.asarray(acc), jnp.asarray(m), jnp.asarray(l_)))).all()
 
 
 @pytest.mark.parametrize("lo, hi, k", [(0, 10, 8), (0, 40, 2), (3, 4, 4), (5, 5, 3), (2, 33, 5), (0, 7, 1)])
