@@ -437,7 +437,9 @@ def launch_rows(
         md, num_tokens=t, block_q=block_q, select=select, num_items=num_items, max_q_len=max_q_len
     )
     w = items.seq.shape[0]
-    used = active_splits(items, hkv=hkv, k_splits=k_splits, target=cfg["split_target"])
+    used = active_splits(
+        items, hkv=hkv, k_splits=k_splits, target=cfg["split_target"], block_k=ppb * k_pages.shape[2]
+    )
 
     # Block table padded to whole inner steps, so every step reads in-range rows.
     bt = block_tables

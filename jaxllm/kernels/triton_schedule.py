@@ -83,18 +83,21 @@ def build_work_items(
     return WorkItems(seq=i32(seq), q0=i32(q0), q1=i32(q1), kv_len=i32(kv), pos0=i32(pos0))
 
 
-def active_splits(items: WorkItems, *, hkv: int, k_splits: int, target: int) -> jax.Array:
+def active_splits(items: WorkItems, *, hkv: int, k_splits: int, target: int, block_k: int) -> jax.Array:
     """i32[1]: how many of a launch's k_splits context splits its programs use, chosen on the device.
 
     The grid's split count is static, fixed by the step's bucket, but the number of work items that have
     keys to read is known only at run time: one long sequence in a bucket of 8 slots. Splits are doubled
     until hkv x (items with keys) x splits reaches `target` programs, as default_config does for a full
-    bucket, then capped at k_splits. target 0: all k_splits."""
+    bucket, then capped at k_splits and at the longest item's key steps of `block_k` keys (more splits
+    than steps would only be empty). target 0: all k_splits."""
     if k_splits == 1 or target == 0:
         return jnp.full((1,), k_splits, jnp.int32)
-    busy = jnp.maximum(jnp.sum((items.kv_len > 0) & (items.q1 > items.q0)), 1)
+    has_keys = (items.kv_len > 0) & (items.q1 > items.q0)
+    busy = jnp.maximum(jnp.sum(has_keys), 1)
     want = (target + hkv * busy - 1) // (hkv * busy)
     splits = jnp.int32(1)
     for _ in range(max(0, (k_splits - 1).bit_length())):  # the next power of two >= want, up to k_splits
         splits = jnp.where(splits < want, splits * 2, splits)
-    return jnp.minimum(splits, k_splits).astype(jnp.int32)[None]
+    steps = (jnp.max(jnp.where(has_keys, items.kv_len, 0)) + block_k - 1) // block_k
+    return jnp.clip(jnp.minimum(splits, steps), 1, k_splits).astype(jnp.int32)[None]

@@ -154,17 +154,19 @@ def _items(kv_lens, q_lens):
     [
         ([3000, 0, 0, 0], [1, 0, 0, 0], 8, 32, 264, 32),  # 264 / 8 = 33 -> 64, capped at 32
         ([3000, 5, 0, 0], [1, 1, 0, 0], 8, 32, 264, 32),  # 264 / 16 = 16.5 -> 32
-        ([9, 9, 9, 9], [1, 1, 1, 1], 8, 32, 264, 16),  # 264 / 32 = 8.25 -> 16
-        ([9, 9, 9, 0], [1, 1, 1, 1], 8, 32, 264, 16),  # an item without keys does not count
-        ([9, 9, 9, 9], [1, 1, 1, 0], 8, 32, 264, 16),  # nor one without rows: 264 / 24 = 11 -> 16
-        ([9] * 4, [1] * 4, 2, 3, 264, 3),  # capped at a k_splits that is no power of two
+        ([999, 9, 9, 9], [1, 1, 1, 1], 8, 32, 264, 16),  # 264 / 32 = 8.25 -> 16
+        ([999, 9, 9, 0], [1, 1, 1, 1], 8, 32, 264, 16),  # an item without keys does not count
+        ([999, 9, 9, 9], [1, 1, 1, 0], 8, 32, 264, 16),  # nor one without rows: 264 / 24 = 11 -> 16
+        ([300, 0, 0, 0], [1, 0, 0, 0], 8, 32, 264, 5),  # 300 keys: 5 steps of 64
+        ([64, 9, 9, 0], [1, 1, 1, 0], 8, 32, 264, 1),  # one step
+        ([999] * 4, [1] * 4, 2, 3, 264, 3),  # capped at a k_splits that is no power of two
         ([9] * 4, [1] * 4, 8, 32, 0, 32),  # target 0: all splits
-        ([0] * 4, [0] * 4, 8, 32, 264, 32),  # nothing to do: as if one item
-        ([9] * 4, [1] * 4, 8, 1, 264, 1),
+        ([0] * 4, [0] * 4, 8, 32, 264, 1),  # nothing to do
+        ([999] * 4, [1] * 4, 8, 1, 264, 1),
     ],
 )
 def test_active_splits_by_hand(kv_lens, q_lens, hkv, k_splits, target, want):
-    got = active_splits(_items(kv_lens, q_lens), hkv=hkv, k_splits=k_splits, target=target)
+    got = active_splits(_items(kv_lens, q_lens), hkv=hkv, k_splits=k_splits, target=target, block_k=64)
     assert got.shape == (1,) and int(got[0]) == want
 
 
