@@ -14,12 +14,12 @@ Data flow of one call:
      splits idle at short contexts.
   4. k_splits == 1: the program normalises and writes the output rows. k_splits > 1 (flash-decoding
      for long contexts with few sequences): each split writes unnormalised float32 partials with their
-     running max and sum, and a small jnp epilogue (combine_splits) merges them.
+     running max and sum, and a second, small kernel (triton_combine.py) merges them.
   5. k_splits is the grid's static maximum; how many splits a launch uses is decided on the device from
      the items that have work (triton_schedule.active_splits): the engine pads a step to its bucket, and
      a bucket of 8 sequence slots holding one long sequence would otherwise split it as if all 8 were
      there (a quarter of the SMs streaming its context). Programs past the active count exit without
-     storing, and the epilogue leaves their partials out.
+     storing, and the merge reads only the splits in use.
 
 Masking: a key is visible when kv_pos < kv_len, kv_pos <= query position (causal with respect to the
 sequence's context: query row i of a q_len chunk sits at kv_len - q_len + i) and, with a sliding
@@ -74,6 +74,7 @@ from jaxllm.kernels.ragged_batch import (
     query_view,
     to_launch_layout,
 )
+from jaxllm.kernels.triton_combine import combine_splits, live_rows, padded_splits
 from jaxllm.kernels.triton_schedule import active_splits, build_work_items
 
 __all__ = ["DTYPES", "KNOBS", "default_config", "launch_rows", "ragged_paged_attention", "resolve_config"]
@@ -84,10 +85,10 @@ _LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False, split_decode=Tr
 # Programs a split launch aims for (triton_schedule.active_splits): two for each SM of an H100 (132) or
 # H200, which the decode tiles' shared memory allows. 0 turns the device-side choice off (every launch
 # uses all k_splits), for sweeps.
-SPLIT_TARGET = 264
-# Splits a decode bucket may have beyond what a full bucket needs, bounded so that k_splits x S (the
-# rows of float32 partials the epilogue reads) stays at most SPLIT_ROWS.
-SPLIT_ROWS = 256
+SPLIT_TARGET = 528
+# Splits a decode bucket may have beyond what a full bucket needs, bounded so that k_splits x S (rows of
+# the float32 partials' buffer; triton_combine reads only the splits in use) stays at most SPLIT_ROWS.
+SPLIT_ROWS = 512
 KNOBS = (
     "block_q",
     "pages_per_block",
@@ -241,7 +242,7 @@ def _rpa_kernel(
         plgpu.store(out_rows, out.reshape(block_q, gp, d).astype(o_ref.dtype), mask=tok_valid[:, None, None])
     else:
         m_ref, l_ref = stat_refs
-        stored = tok_valid & (split < used)  # splits past those in use store nothing (combine_splits)
+        stored = tok_valid & (split < used)  # splits past those in use store nothing (triton_combine)
         plgpu.store(out_rows, acc.reshape(block_q, gp, d), mask=stored[:, None, None])
         plgpu.store(m_ref.at[pl.ds(q0, block_q), :], m_i.reshape(block_q, gp), mask=stored[:, None])
         plgpu.store(l_ref.at[pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=stored[:, None])
@@ -454,15 +455,16 @@ def launch_rows(
         pl.BlockSpec((None, *k_pages.shape[1:]), lambda h, i, c: (h, 0, 0, 0)),
         pl.BlockSpec((None, *v_pages.shape[1:]), lambda h, i, c: (h, 0, 0, 0)),
     ]
+    kp = padded_splits(k_splits)
     if k_splits == 1:
         out_shape = jax.ShapeDtypeStruct((tp, hkv, gp, d), qg.dtype)
         out_specs = pl.BlockSpec((tp, None, gp, d), lambda h, i, c: (0, h, 0, 0))
     else:
         out_shape = [
-            jax.ShapeDtypeStruct((k_splits, tp, hkv, gp, d), jnp.float32),
-            jax.ShapeDtypeStruct((k_splits, tp, hkv, gp), jnp.float32),
-            jax.ShapeDtypeStruct((k_splits, tp, hkv, gp), jnp.float32),
-        ]
+            jax.ShapeDtypeStruct((kp, tp, hkv, gp, d), jnp.float32),
+            jax.ShapeDtypeStruct((kp, tp, hkv, gp), jnp.float32),
+            jax.ShapeDtypeStruct((kp, tp, hkv, gp), jnp.float32),
+        ]  # whole chunks of the merge's loads (triton_combine.padded_splits); splits past k_splits unwritten
         out_specs = [
             pl.BlockSpec((None, tp, None, gp, d), lambda h, i, c: (c, 0, h, 0, 0)),
             pl.BlockSpec((None, tp, None, gp), lambda h, i, c: (c, 0, h, 0)),
@@ -511,30 +513,5 @@ def launch_rows(
 
     if k_splits == 1:
         return res
-    return combine_splits(*res, used=used[0]).astype(qg.dtype)
-
-
-def combine_splits(acc, m, l_, used=None):  # [K, Tp, Hkv, Gp, D], [K, Tp, Hkv, Gp] x2 -> f32[Tp, Hkv, Gp, D]
-    """The splits' partial outputs merged: each rescaled by exp2(its max - the overall max) (m is in
-    log2 units), summed, divided by the rescaled sum of l. Unrolled over the K splits as elementwise ops
-    on slices, which XLA emits as one loop kernel; reductions over the split axis would make three
-    (max, the rescale, the sums), each a launch per layer. `used` (i32 scalar, >= 1): splits from it on
-    were not written (their buffers hold whatever was there) and are selected away, never multiplied."""
-    k = acc.shape[0]
-    live = [True] * k if used is None else [True] + [c < used for c in range(1, k)]
-    m_max = m[0]
-    for c in range(1, k):
-        m_max = (
-            jnp.maximum(m_max, m[c])
-            if live[c] is True
-            else jnp.where(live[c], jnp.maximum(m_max, m[c]), m_max)
-        )
-    num, den = None, None
-    for c in range(k):
-        scale = jnp.exp2(m[c] - m_max)
-        part, part_l = acc[c] * scale[..., None], l_[c] * scale
-        if live[c] is not True:
-            part, part_l = jnp.where(live[c], part, 0.0), jnp.where(live[c], part_l, 0.0)
-        num = part if num is None else num + part
-        den = part_l if den is None else den + part_l
-    return num / jnp.where(den == 0.0, 1.0, den)[..., None]
+    live = live_rows(items, tp)
+    return combine_splits(*res, used=used, live=live, out_dtype=qg.dtype, interpret=interpret)

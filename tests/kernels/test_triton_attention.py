@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxllm.kernels.reference import ref_ragged_paged_attention
-from jaxllm.kernels.triton_attention import (
-    combine_splits,
-    default_config,
-    ragged_paged_attention,
-    split_steps,
-)
+from jaxllm.kernels.triton_attention import default_config, ragged_paged_attention, split_steps
+from jaxllm.kernels.triton_combine import combine_splits, live_rows
 from jaxllm.kernels.triton_schedule import WorkItems, active_splits
 from jaxllm.testing.kernel_cases import MODES, make_problem, rel_err, tolerance
 from tests.kernels.checks import (
@@ -30,6 +27,7 @@ from tests.kernels.checks import (
     assert_rejects,
     check_against_reference,
 )
+from tests.kernels.triton_sm90 import assert_compiles_for_sm90, lower_for_h100
 
 E4M3, E5M2 = {"kv_dtype": jnp.float8_e4m3fn}, {"kv_dtype": jnp.float8_e5m2}
 
@@ -139,7 +137,7 @@ def test_one_long_sequence_in_a_wide_bucket(kw, interpret):
         [1], [3001], hq=8, hkv=2, d=64, page_size=16, dtype=jnp.bfloat16, pad_rows=7, pad_seqs=7
     )
     assert prob.q.shape[0] == 8 and prob.md.block_tables.shape[0] == 8
-    assert default_config(8, 8, 8, 2, 64, 16, 190)["k_splits"] == 32
+    assert default_config(8, 8, 8, 2, 64, 16, 190)["k_splits"] == 48
     check_against_reference(ragged_paged_attention, prob, sm_scale=0.125, interpret=interpret, **kw)
 
 
@@ -170,22 +168,46 @@ def test_active_splits_by_hand(kv_lens, q_lens, hkv, k_splits, target, want):
     assert got.shape == (1,) and int(got[0]) == want
 
 
-def test_combine_splits_leaves_out_unwritten_splits():
-    """Splits at or past `used` hold whatever was in their buffers (NaN here): the merge is the merge of
-    the used ones alone, which is the softmax-weighted mean computed by hand."""
+@pytest.mark.parametrize("k, used", [(4, 2), (48, 37)])  # one chunk; three, the last one partly used
+def test_combine_reads_only_splits_in_use_and_live_rows(k, used, interpret):
+    """Splits at or past `used`, and rows not live, hold whatever was in their buffers (NaN here): the
+    merge of a live row is that of the used splits alone (the softmax-weighted mean computed by hand in
+    numpy), a dead row comes out zero, and the output has the dtype asked for."""
     rng = np.random.default_rng(0)
-    k, shape = 4, (3, 2, 2)  # [Tp, Hkv, Gp]
-    acc = rng.standard_normal((k, *shape, 8)).astype(np.float32)
-    m = rng.standard_normal((k, *shape)).astype(np.float32) * 4
-    l_ = rng.uniform(0.5, 2.0, (k, *shape)).astype(np.float32)
-    used = 2
-    want = (acc[:used] * np.exp2(m[:used])[..., None]).sum(0) / (l_[:used] * np.exp2(m[:used])).sum(0)[
-        ..., None
-    ]
+    tp, hkv, gp, d = 3, 2, 2, 16
+    acc = rng.standard_normal((k, tp, hkv, gp, d)).astype(np.float32)
+    m = rng.standard_normal((k, tp, hkv, gp)).astype(np.float32) * 4
+    l_ = rng.uniform(0.5, 2.0, (k, tp, hkv, gp)).astype(np.float32)
+    live = np.array([1, 0, 1], np.int32)
+    w = np.exp2(m[:used])
+    want = (acc[:used] * w[..., None]).sum(0) / (l_[:used] * w).sum(0)[..., None]
+    want[1] = 0.0
     acc[used:], m[used:], l_[used:] = np.nan, np.nan, np.nan
-    got = combine_splits(jnp.asarray(acc), jnp.asarray(m), jnp.asarray(l_), used=jnp.int32(used))
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
-    assert np.isnan(np.asarray(combine_splits(jnp.asarray(acc), jnp.asarray(m), jnp.asarray(l_)))).all()
+    acc[:, 1], m[:, 1], l_[:, 1] = np.nan, np.nan, np.nan
+    args = [jnp.asarray(x) for x in (acc, m, l_)]
+    used_a = jnp.array([used], jnp.int32)
+    got = combine_splits(
+        *args, used=used_a, live=jnp.asarray(live), out_dtype=jnp.float32, interpret=interpret
+    )
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    half = combine_splits(
+        *args, used=used_a, live=jnp.asarray(live), out_dtype=jnp.bfloat16, interpret=interpret
+    )
+    assert half.dtype == jnp.bfloat16
+    every = combine_splits(*args, used=jnp.array([k], jnp.int32), live=jnp.ones(tp, jnp.int32),
+                           out_dtype=jnp.float32, interpret=interpret)  # fmt: skip
+    assert np.isnan(np.asarray(every)).all()
+
+
+def test_live_rows_by_hand():
+    items = WorkItems(
+        seq=jnp.zeros(4, jnp.int32),
+        q0=jnp.array([0, 1, 3, 6], jnp.int32),
+        q1=jnp.array([1, 3, 6, 6], jnp.int32),
+        kv_len=jnp.array([5, 0, 9, 0], jnp.int32),  # item 1 (rows 1-2) has no keys; item 3 no rows
+        pos0=jnp.zeros(4, jnp.int32),
+    )
+    assert live_rows(items, 8).tolist() == [1, 0, 0, 1, 1, 1, 0, 0]
 
 
 @pytest.mark.parametrize("lo, hi, k", [(0, 10, 8), (0, 40, 2), (3, 4, 4), (5, 5, 3), (2, 33, 5), (0, 7, 1)])
@@ -274,3 +296,22 @@ def test_rejects_loose_metadata_arrays():
     loose = (md.kv_lens, md.block_tables, md.cu_q_lens, md.num_seqs)
     with pytest.raises(TypeError, match="md must be a PagedAttentionMetadata"):
         ragged_paged_attention(prob.q, prob.k_pages, prob.v_pages, loose, sm_scale=0.125, interpret=True)
+
+
+@pytest.mark.parametrize("k, tp, hkv, gp, d", [(64, 8, 8, 4, 128), (4, 16, 2, 1, 64)])
+def test_combine_compiles_for_sm90(k, tp, hkv, gp, d, monkeypatch, tmp_path):
+    """The merge kernel lowers through Triton for sm_90 without spilling."""
+    f32 = jnp.float32
+    args = (
+        jax.ShapeDtypeStruct((k, tp, hkv, gp, d), f32),
+        jax.ShapeDtypeStruct((k, tp, hkv, gp), f32),
+        jax.ShapeDtypeStruct((k, tp, hkv, gp), f32),
+        jax.ShapeDtypeStruct((1,), jnp.int32),
+        jax.ShapeDtypeStruct((tp,), jnp.int32),
+    )
+
+    def merge(acc, m, l_, used, live):
+        return combine_splits(acc, m, l_, used=used, live=live, out_dtype=jnp.bfloat16)
+
+    lower = lambda: lower_for_h100(merge, *args)  # noqa: E731
+    assert_compiles_for_sm90(lower, dict(num_warps=4, num_stages=1), monkeypatch, tmp_path, mma=False)
