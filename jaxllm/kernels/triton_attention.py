@@ -82,9 +82,10 @@ __all__ = ["DTYPES", "KNOBS", "default_config", "launch_rows", "ragged_paged_att
 MASK_VALUE = -1e30
 LOOP_LAYOUTS = ("split", "masked")
 _LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False, split_decode=True)
-# Programs a split launch aims for (triton_schedule.active_splits): two for each SM of an H100 (132) or
-# H200, which the decode tiles' shared memory allows. 0 turns the device-side choice off (every launch
-# uses all k_splits), for sweeps.
+# Programs a split launch aims for (triton_schedule.active_splits): four for each of an H100's or H200's
+# 132 SMs. One long sequence then streams its K and V at about 2.6 TB/s on an H100, where 256 programs
+# gave 1.7 (docs/performance.md, "Long contexts"). 0 turns the device-side choice off (every launch uses
+# all k_splits), for sweeps.
 SPLIT_TARGET = 528
 # Splits a decode bucket may have beyond what a full bucket needs, bounded so that k_splits x S (rows of
 # the float32 partials' buffer; triton_combine reads only the splits in use) stays at most SPLIT_ROWS.
