@@ -74,12 +74,11 @@ from jaxllm.kernels.ragged_batch import (
     query_view,
     to_launch_layout,
 )
-from jaxllm.kernels.triton_combine import combine_splits, live_rows, padded_splits
+from jaxllm.kernels.triton_combine import MASK_VALUE, combine_splits, live_rows, padded_splits
 from jaxllm.kernels.triton_schedule import active_splits, build_work_items
 
 __all__ = ["DTYPES", "KNOBS", "default_config", "launch_rows", "ragged_paged_attention", "resolve_config"]
 
-MASK_VALUE = -1e30
 LOOP_LAYOUTS = ("split", "masked")
 _LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False, split_decode=True)
 # Programs a split launch aims for (triton_schedule.active_splits): four for each of an H100's or H200's

@@ -24,9 +24,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxllm.kernels.ragged_batch import next_pow2
-from jaxllm.kernels.triton_schedule import WorkItems
+from jaxllm.kernels.triton_schedule import WorkItems, has_keys
 
-MASK_VALUE = -1e30  # triton_attention's: an empty split's running max
+MASK_VALUE = -1e30  # scores masked out, and an empty split's running max (triton_attention uses it too)
 # Splits merged per loop step: a [CHUNK, Gp, D] float32 tile, 32 KB at Gp 4, D 128 (64 registers a
 # thread in 4 warps). One long sequence uses up to 64 splits: four dependent steps of loads, not 64.
 CHUNK = 16
@@ -35,9 +35,8 @@ CHUNK = 16
 def live_rows(items: WorkItems, num_rows: int) -> jax.Array:
     """i32[num_rows]: 1 for a row of an item with keys to read (its partials hold something), else 0."""
     r = jnp.arange(num_rows, dtype=jnp.int32)[None, :]
-    has_keys = ((items.kv_len > 0) & (items.q1 > items.q0))[:, None]
     inside = (items.q0[:, None] <= r) & (r < items.q1[:, None])
-    return jnp.any(has_keys & inside, axis=0).astype(jnp.int32)
+    return jnp.any(has_keys(items)[:, None] & inside, axis=0).astype(jnp.int32)
 
 
 def split_chunk(k_splits: int) -> int:

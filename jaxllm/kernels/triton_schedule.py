@@ -83,6 +83,11 @@ def build_work_items(
     return WorkItems(seq=i32(seq), q0=i32(q0), q1=i32(q1), kv_len=i32(kv), pos0=i32(pos0))
 
 
+def has_keys(items: WorkItems) -> jax.Array:
+    """bool[W]: the items with rows and keys to read (empty and padding items have neither)."""
+    return (items.kv_len > 0) & (items.q1 > items.q0)
+
+
 def active_splits(items: WorkItems, *, hkv: int, k_splits: int, target: int, block_k: int) -> jax.Array:
     """i32[1]: how many of a launch's k_splits context splits its programs use, chosen on the device.
 
@@ -93,11 +98,11 @@ def active_splits(items: WorkItems, *, hkv: int, k_splits: int, target: int, blo
     than steps would only be empty). target 0: all k_splits."""
     if k_splits == 1 or target == 0:
         return jnp.full((1,), k_splits, jnp.int32)
-    has_keys = (items.kv_len > 0) & (items.q1 > items.q0)
-    busy = jnp.maximum(jnp.sum(has_keys), 1)
+    busy_items = has_keys(items)
+    busy = jnp.maximum(jnp.sum(busy_items), 1)
     want = (target + hkv * busy - 1) // (hkv * busy)
     splits = jnp.int32(1)
     for _ in range(max(0, (k_splits - 1).bit_length())):  # the next power of two >= want, up to k_splits
         splits = jnp.where(splits < want, splits * 2, splits)
-    steps = (jnp.max(jnp.where(has_keys, items.kv_len, 0)) + block_k - 1) // block_k
+    steps = (jnp.max(jnp.where(busy_items, items.kv_len, 0)) + block_k - 1) // block_k
     return jnp.clip(jnp.minimum(splits, steps), 1, k_splits).astype(jnp.int32)[None]
