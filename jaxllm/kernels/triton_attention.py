@@ -5,21 +5,26 @@ Data flow of one call:
      array is only viewed, not copied, where its groups line up).
   2. triton_schedule.build_work_items cuts the flattened batch into work items of <= block_q query rows of
      one sequence (plus zero-context items covering the padding rows).
-  3. The kernel runs on grid (Hkv, W, k_splits). Program (h, w, c) loads the item's q rows for the
+  3. k_splits == 1: the kernel runs on grid (Hkv, W). Program (h, w) loads the item's q rows for the
      whole query-head group of KV head h as one [block_q * Gp, D] tile, so K/V of a KV head are read
-     once per group (GQA/MQA), then streams its share c of the context's pages, pages_per_block pages
-     per step, gathered through the block table, with an online softmax in float32. The shares are
-     cut from the item's own key range (split_steps), not from the block table's width: the engine's
-     tables are max_model_len / page_size wide, and shares of the width would leave all but the first
-     splits idle at short contexts.
-  4. k_splits == 1: the program normalises and writes the output rows. k_splits > 1 (flash-decoding
-     for long contexts with few sequences): each split writes unnormalised float32 partials with their
-     running max and sum, and a second, small kernel (triton_combine.py) merges them.
-  5. k_splits is the grid's static maximum; how many splits a launch uses is decided on the device from
-     the items that have work (triton_schedule.active_splits): the engine pads a step to its bucket, and
-     a bucket of 8 sequence slots holding one long sequence would otherwise split it as if all 8 were
-     there (a quarter of the SMs streaming its context). Programs past the active count exit without
-     storing, and the merge reads only the splits in use.
+     once per group (GQA/MQA), then streams the context's pages, pages_per_block pages per step,
+     gathered through the block table, with an online softmax in float32, normalises and writes the
+     output rows.
+  4. k_splits > 1 (flash-decoding, for long contexts with few sequences): each (item, split) pair
+     streams its share of the item's context. The shares are cut from the item's own key range
+     (split_steps), not from the block table's width: the engine's tables are max_model_len / page_size
+     wide, and shares of the width would leave all but the first splits idle at short contexts. Each
+     writes unnormalised float32 partials with their running max and sum, and a second, small kernel
+     (triton_combine.py) merges them.
+  5. k_splits is a static maximum; how many splits a launch uses is decided on the device from the
+     items that have keys (triton_schedule.active_splits): the engine pads a step to its bucket, and a
+     bucket of 8 sequence slots holding one long sequence would otherwise be split as if all 8 were
+     there (a quarter of the SMs streaming its context). The grid is (Hkv, N): N program slots a KV
+     head, dealt out on the device to the (item with keys, split in use) pairs
+     (triton_schedule.deal_programs), the rest exiting at once. A grid of (items x k_splits) would
+     start every split of every item, padding items included: 5,632 programs at 8 slots and 64 splits,
+     which cost a decode step of one short sequence 5% on an H100 (docs/performance.md, "Long
+     contexts"). The merge reads only the splits in use.
 
 Masking: a key is visible when kv_pos < kv_len, kv_pos <= query position (causal with respect to the
 sequence's context: query row i of a q_len chunk sits at kv_len - q_len + i) and, with a sliding
@@ -75,7 +80,7 @@ from jaxllm.kernels.ragged_batch import (
     to_launch_layout,
 )
 from jaxllm.kernels.triton_combine import MASK_VALUE, combine_splits, live_rows, padded_splits
-from jaxllm.kernels.triton_schedule import active_splits, build_work_items
+from jaxllm.kernels.triton_schedule import active_splits, build_work_items, deal_programs
 
 __all__ = ["DTYPES", "KNOBS", "default_config", "launch_rows", "ragged_paged_attention", "resolve_config"]
 
@@ -111,13 +116,15 @@ def _rpa_kernel(
     kv_len_ref,  # i32[W]
     pos0_ref,  # i32[W]
     splits_ref,  # i32[1] splits in use (<= k_splits; triton_schedule.active_splits)
+    deal_item_ref,  # k_splits > 1: i32[N] work item of program slot n (-1: none); else unused i32[1]
+    deal_split_ref,  # k_splits > 1: i32[N] its split; else unused i32[1]
     bt_ref,  # i32[S, Bp]
     q_ref,  # [Tp, Gp, D]  (KV head squeezed)
     k_ref,  # [P, PS, D]  (q's dtype, or fp8)
     v_ref,  # [P, PS, D]
     *refs,  # fp8 pages: scale_ref f32[2] (k_scale, v_scale) first; then:
-    # o_ref  [Tp, Gp, D]  (q dtype; float32 per split when k_splits > 1)
-    # k_splits > 1: m_ref, l_ref f32[Tp, Gp]
+    # o_ref  [Tp, Gp, D]  (q dtype); k_splits > 1: f32[Kp, Tp, Gp, D], every split's partials
+    # k_splits > 1: m_ref, l_ref f32[Kp, Tp, Gp]
     sm_scale: float,
     soft_cap: float | None,
     sliding_window: int | None,
@@ -131,8 +138,12 @@ def _rpa_kernel(
     scale_ref = refs[0] if quantized else None
     o_ref, *stat_refs = refs[1:] if quantized else refs
     cdt = q_ref.dtype  # compute dtype of both dots (fp8 pages are upcast to it)
-    w = pl.program_id(1)
-    split = pl.program_id(2)
+    if k_splits > 1:  # program slots dealt out on the device (triton_schedule.deal_programs)
+        slot = pl.program_id(1)
+        item, split = deal_item_ref[slot], deal_split_ref[slot]
+        w, real = jnp.maximum(item, 0), item >= 0
+    else:
+        w, split, real = pl.program_id(1), 0, True
     _, gp, d = q_ref.shape
     page_size = k_ref.shape[1]
     bk = pages_per_block * page_size
@@ -140,7 +151,7 @@ def _rpa_kernel(
 
     seq = seq_ref[w]
     q0 = q0_ref[w]
-    q1 = q1_ref[w]
+    q1 = jnp.where(real, q1_ref[w], q0)  # a slot dealt no item has no rows: it reads and stores nothing
     kv_len = kv_len_ref[w]
     pos0 = pos0_ref[w]
 
@@ -236,16 +247,18 @@ def _rpa_kernel(
     if quantized:
         acc = acc * scale_ref[1]  # v_scale, once (module docstring)
 
-    out_rows = o_ref.at[pl.ds(q0, block_q), :, :]
     if not stat_refs:
         out = acc / jnp.where(l_i == 0.0, 1.0, l_i)[:, None]
+        out_rows = o_ref.at[pl.ds(q0, block_q), :, :]
         plgpu.store(out_rows, out.reshape(block_q, gp, d).astype(o_ref.dtype), mask=tok_valid[:, None, None])
     else:
         m_ref, l_ref = stat_refs
         stored = tok_valid & (split < used)  # splits past those in use store nothing (triton_combine)
-        plgpu.store(out_rows, acc.reshape(block_q, gp, d), mask=stored[:, None, None])
-        plgpu.store(m_ref.at[pl.ds(q0, block_q), :], m_i.reshape(block_q, gp), mask=stored[:, None])
-        plgpu.store(l_ref.at[pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=stored[:, None])
+        plgpu.store(
+            o_ref.at[split, pl.ds(q0, block_q), :, :], acc.reshape(block_q, gp, d), mask=stored[:, None, None]
+        )
+        plgpu.store(m_ref.at[split, pl.ds(q0, block_q), :], m_i.reshape(block_q, gp), mask=stored[:, None])
+        plgpu.store(l_ref.at[split, pl.ds(q0, block_q), :], l_i.reshape(block_q, gp), mask=stored[:, None])
 
 
 def split_steps(lo, hi, split, k_splits):
@@ -438,9 +451,17 @@ def launch_rows(
         md, num_tokens=t, block_q=block_q, select=select, num_items=num_items, max_q_len=max_q_len
     )
     w = items.seq.shape[0]
+    # Split launches run on N program slots a KV head, dealt out on the device to (item with keys,
+    # split) pairs: as many as one sequence's splits or the target's share of a head, and at least one
+    # per item. A grid of (items x k_splits) would start every split of every item, padding items too.
+    slots = 1
+    if k_splits > 1:
+        slots = w * k_splits if cfg["split_target"] == 0 else max(w, k_splits, -(-cfg["split_target"] // hkv))
     used = active_splits(
-        items, hkv=hkv, k_splits=k_splits, target=cfg["split_target"], block_k=ppb * k_pages.shape[2]
-    )
+        items, hkv=hkv, k_splits=k_splits, target=cfg["split_target"], block_k=ppb * k_pages.shape[2],
+        slots=slots,
+    )  # fmt: skip
+    deal_item, deal_split = deal_programs(items, used, slots) if k_splits > 1 else (used, used)
 
     # Block table padded to whole inner steps, so every step reads in-range rows.
     bt = block_tables
@@ -448,8 +469,11 @@ def launch_rows(
         bt = jnp.pad(block_tables, ((0, 0), (0, ppb - b % ppb)))
 
     scalar_spec = pl.BlockSpec((w,), lambda h, i, c: (0,))
+    deal_spec = pl.BlockSpec(deal_item.shape, lambda h, i, c: (0,))
     in_specs = [scalar_spec] * 5 + [
         pl.BlockSpec((1,), lambda h, i, c: (0,)),
+        deal_spec,
+        deal_spec,
         pl.BlockSpec(bt.shape, lambda h, i, c: (0, 0)),
         pl.BlockSpec((tp, None, gp, d), lambda h, i, c: (0, h, 0, 0)),
         pl.BlockSpec((None, *k_pages.shape[1:]), lambda h, i, c: (h, 0, 0, 0)),
@@ -466,9 +490,9 @@ def launch_rows(
             jax.ShapeDtypeStruct((kp, tp, hkv, gp), jnp.float32),
         ]  # whole chunks of the merge's loads (triton_combine.padded_splits); splits past k_splits unwritten
         out_specs = [
-            pl.BlockSpec((None, tp, None, gp, d), lambda h, i, c: (c, 0, h, 0, 0)),
-            pl.BlockSpec((None, tp, None, gp), lambda h, i, c: (c, 0, h, 0)),
-            pl.BlockSpec((None, tp, None, gp), lambda h, i, c: (c, 0, h, 0)),
+            pl.BlockSpec((kp, tp, None, gp, d), lambda h, i, c: (0, 0, h, 0, 0)),
+            pl.BlockSpec((kp, tp, None, gp), lambda h, i, c: (0, 0, h, 0)),
+            pl.BlockSpec((kp, tp, None, gp), lambda h, i, c: (0, 0, h, 0)),
         ]
     kernel = functools.partial(
         _rpa_kernel,
@@ -482,7 +506,8 @@ def launch_rows(
         prefetch_pages=cfg["prefetch_pages"],
         quantized=quantized,
     )
-    args = [items.seq, items.q0, items.q1, items.kv_len, items.pos0, used, bt, qg, k_pages, v_pages]
+    args = [items.seq, items.q0, items.q1, items.kv_len, items.pos0, used, deal_item, deal_split, bt, qg]
+    args += [k_pages, v_pages]
     if quantized:
         in_specs.append(pl.BlockSpec((2,), lambda h, i, c: (0,)))
         args.append(scales_array(k_scale, v_scale))
@@ -501,7 +526,7 @@ def launch_rows(
     variant += "_fp8" if quantized else ""
     res = pl.pallas_call(
         kernel,
-        grid=(hkv, w, k_splits),
+        grid=(hkv, w if k_splits == 1 else slots, 1),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,

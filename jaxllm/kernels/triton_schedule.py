@@ -88,14 +88,17 @@ def has_keys(items: WorkItems) -> jax.Array:
     return (items.kv_len > 0) & (items.q1 > items.q0)
 
 
-def active_splits(items: WorkItems, *, hkv: int, k_splits: int, target: int, block_k: int) -> jax.Array:
+def active_splits(
+    items: WorkItems, *, hkv: int, k_splits: int, target: int, block_k: int, slots: int | None = None
+) -> jax.Array:
     """i32[1]: how many of a launch's k_splits context splits its programs use, chosen on the device.
 
     The grid's split count is static, fixed by the step's bucket, but the number of work items that have
     keys to read is known only at run time: one long sequence in a bucket of 8 slots. Splits are doubled
     until hkv x (items with keys) x splits reaches `target` programs, as default_config does for a full
-    bucket, then capped at k_splits and at the longest item's key steps of `block_k` keys (more splits
-    than steps would only be empty). target 0: all k_splits."""
+    bucket, then capped at k_splits, at the longest item's key steps of `block_k` keys (more splits than
+    steps would only be empty) and at the `slots` program slots a KV head has over the items with keys
+    (deal_programs; slots >= the item count, so each item gets at least one). target 0: all k_splits."""
     if k_splits == 1 or target == 0:
         return jnp.full((1,), k_splits, jnp.int32)
     busy_items = has_keys(items)
@@ -105,4 +108,26 @@ def active_splits(items: WorkItems, *, hkv: int, k_splits: int, target: int, blo
     for _ in range(max(0, (k_splits - 1).bit_length())):  # the next power of two >= want, up to k_splits
         splits = jnp.where(splits < want, splits * 2, splits)
     steps = (jnp.max(jnp.where(busy_items, items.kv_len, 0)) + block_k - 1) // block_k
-    return jnp.clip(jnp.minimum(splits, steps), 1, k_splits).astype(jnp.int32)[None]
+    splits = jnp.minimum(splits, steps)
+    if slots is not None:
+        splits = jnp.minimum(splits, slots // busy)
+    return jnp.clip(splits, 1, k_splits).astype(jnp.int32)[None]
+
+
+def deal_programs(items: WorkItems, used: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+    """(item, split), each i32[slots]: what program slot n of a KV head does in a split launch. The items
+    with keys, in order, get `used` consecutive slots each (their splits 0 .. used - 1); slots past
+    those get item -1 and do nothing. active_splits keeps (items with keys) x used <= slots."""
+    w = items.kv_len.shape[0]
+    busy_items = has_keys(items)
+    rank = jnp.cumsum(busy_items.astype(jnp.int32)) - 1
+    busy_ids = (
+        jnp.zeros((w,), jnp.int32)
+        .at[jnp.where(busy_items, rank, w)]
+        .set(jnp.arange(w, dtype=jnp.int32), mode="drop")
+    )
+    n = jnp.arange(slots, dtype=jnp.int32)
+    per = used[0]
+    r = n // per
+    item = jnp.where(r < jnp.sum(busy_items), busy_ids[jnp.minimum(r, w - 1)], -1)
+    return item.astype(jnp.int32), (n % per).astype(jnp.int32)

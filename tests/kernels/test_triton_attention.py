@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxllm.kernels.metadata import PagedAttentionMetadata
 from jaxllm.kernels.reference import ref_ragged_paged_attention
 from jaxllm.kernels.triton_attention import default_config, ragged_paged_attention, split_steps
 from jaxllm.kernels.triton_combine import combine_splits, live_rows
-from jaxllm.kernels.triton_schedule import WorkItems, active_splits
+from jaxllm.kernels.triton_schedule import WorkItems, active_splits, deal_programs
 from jaxllm.testing.kernel_cases import MODES, make_problem, rel_err, tolerance
 from tests.kernels.checks import (
     CONTRACT_VIOLATIONS,
@@ -168,6 +169,29 @@ def test_active_splits_by_hand(kv_lens, q_lens, hkv, k_splits, target, want):
     assert got.shape == (1,) and int(got[0]) == want
 
 
+@pytest.mark.parametrize(
+    "kv_lens, slots, want",
+    [
+        ([3000, 0, 0, 0], 33, 32),  # one item: all 32 splits fit in 33 slots
+        ([3000, 3000, 3000, 0], 33, 11),  # 264 / 24 -> 16, but 3 items share 33 slots: 11 each
+        ([3000] * 4, 4, 1),  # as many slots as items: one split each
+    ],
+)
+def test_active_splits_fit_the_slots(kv_lens, slots, want):
+    items = _items(kv_lens, [1] * len(kv_lens))
+    got = active_splits(items, hkv=1, k_splits=32, target=264, block_k=64, slots=slots)
+    assert int(got[0]) == want
+
+
+def test_deal_programs_by_hand():
+    """Items 0 and 2 have keys (1 has none, 3 no rows): with 3 splits each they take slots 0-2 and 3-5,
+    in order; the other slots get item -1."""
+    items = _items([50, 0, 70, 9], [1, 1, 1, 0])
+    item, split = deal_programs(items, jnp.array([3], jnp.int32), 8)
+    assert item.tolist() == [0, 0, 0, 2, 2, 2, -1, -1]
+    assert split.tolist()[:6] == [0, 1, 2, 0, 1, 2]
+
+
 @pytest.mark.parametrize("k, used", [(4, 2), (48, 37)])  # one chunk; three, the last one partly used
 def test_combine_reads_only_splits_in_use_and_live_rows(k, used, interpret):
     """Splits at or past `used`, and rows not live, hold whatever was in their buffers (NaN here): the
@@ -315,3 +339,30 @@ def test_combine_compiles_for_sm90(k, tp, hkv, gp, d, monkeypatch, tmp_path):
 
     lower = lambda: lower_for_h100(merge, *args)  # noqa: E731
     assert_compiles_for_sm90(lower, dict(num_warps=4, num_stages=1), monkeypatch, tmp_path, mma=False)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_split_launch_compiles_for_sm90(monkeypatch, tmp_path):
+    """The engine's decode bucket of 8 slots at a 131,072-token block table (Llama-3.1-8B heads): the split
+    launch, its programs dealt out on the device, compiles for sm_90 without spilling."""
+    t, hq, hkv, d, ps, b = 8, 32, 8, 128, 16, 8192
+    cfg = default_config(t, t, hq, hkv, d, ps, b)
+    assert cfg["k_splits"] == 64
+    sds = jax.ShapeDtypeStruct
+    args = (
+        sds((t, hq, d), jnp.bfloat16),
+        sds((hkv, 4096, ps, d), jnp.bfloat16),
+        sds((hkv, 4096, ps, d), jnp.bfloat16),
+        PagedAttentionMetadata(
+            kv_lens=sds((t,), jnp.int32),
+            block_tables=sds((t, b), jnp.int32),
+            cu_q_lens=sds((t + 1,), jnp.int32),
+            num_seqs=sds((1,), jnp.int32),
+        ),
+    )
+
+    def attend(q, k, v, md):
+        return ragged_paged_attention(q, k, v, md, sm_scale=d**-0.5)
+
+    lower = lambda: lower_for_h100(attend, *args)  # noqa: E731
+    assert_compiles_for_sm90(lower, cfg, monkeypatch, tmp_path, modules_emitted=2)

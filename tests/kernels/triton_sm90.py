@@ -28,9 +28,15 @@ def lower_for_h100(fn: Callable, *args: jax.ShapeDtypeStruct) -> str:
 
 
 def assert_compiles_for_sm90(
-    lower: Callable[[], object], launch: dict, monkeypatch, tmp_path, *, mma: bool = True
+    lower: Callable[[], object],
+    launch: dict,
+    monkeypatch,
+    tmp_path,
+    *,
+    mma: bool = True,
+    modules_emitted: int = 1,
 ) -> None:
-    """The one Triton module `lower()` emits, compiled for sm_90 with `launch`'s num_warps and num_stages
+    """The first of the `modules_emitted` Triton modules `lower()` emits, compiled for sm_90 with `launch`'s num_warps and num_stages
     (the kernel's own choice for the case), its dots on mma where `mma`; skips where
     the `triton` package or Pallas' Triton internals are absent (their absence says nothing about the
     kernel). With ptxas at hand, asserts it spills nothing."""
@@ -51,7 +57,8 @@ def assert_compiles_for_sm90(
 
     monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep_module)
     lower()
-    (ttir,) = modules
+    assert len(modules) == modules_emitted, len(modules)
+    ttir = modules[0]
     src = tmp_path / "kernel.ttir"
     src.write_text(ttir)
     compiled = triton.compile(
