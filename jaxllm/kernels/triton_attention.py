@@ -87,7 +87,7 @@ __all__ = ["DTYPES", "KNOBS", "default_config", "launch_rows", "ragged_paged_att
 LOOP_LAYOUTS = ("split", "masked")
 _LOOP_DEFAULTS = dict(loop_layout="split", prefetch_pages=False, split_decode=True)
 # Programs a split launch aims for (triton_schedule.active_splits): four for each of an H100's or H200's
-# 132 SMs. One long sequence then streams its K and V at about 2.6 TB/s on an H100, where 256 programs
+# 132 SMs. One long sequence then streams its K and V at about 3 TB/s on an H100, where 256 programs
 # gave 1.7 (docs/performance.md, "Long contexts"). 0 turns the device-side choice off (every launch uses
 # all k_splits), for sweeps.
 SPLIT_TARGET = 528
