@@ -1,7 +1,8 @@
 """Quantized serving speed against bf16 in the same process: single-stream decode and offline throughput.
 
     for each --methods entry (bf16, fp8, awq, gptq, compressed-tensors: random weights of that layout at
-    the model's real size, --load-format dummy):
+    the model's real size, --load-format dummy; METHOD@KV gives that entry its own --kv-cache-dtype,
+    e.g. fp8@fp8 for FP8 weights with an FP8 KV cache):
       LLM(...) -> weight bytes and KV blocks at load (the engine's startup_info)
       concurrency 1: one --input-len prompt, generate 1 token (prefill) and 1 + --decode-tokens tokens;
                      decode tok/s = decode tokens / (the difference); best of --decode-reps
@@ -10,8 +11,8 @@
                      handed to generate at once (ignore_eos) -> output tok/s
     -> speed-ups over bf16 (the first method) and each method's share of its own bound
 
-    python -m benchmarks.quantized_speed --model llama-3.1-8b --methods bf16,fp8,awq \
-        --offline-methods bf16,fp8 --num-prompts 1000 --input-len 512 --output-len 256
+    python -m benchmarks.quantized_speed --model llama-3.1-8b --methods bf16,fp8,fp8@fp8,awq \
+        --offline-methods bf16,fp8,fp8@fp8 --num-prompts 1000 --input-len 512 --output-len 256
 
 Random weights decide nothing here: a GEMM reads the same bytes whatever they hold. The bound is that of
 the card JAX runs on (roofline.py; none on a card without peaks). A method whose generate left a request
@@ -47,7 +48,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model", default="llama-3.1-8b", help="preset or HF folder (random weights of its shape)"
     )
-    p.add_argument("--methods", default="bf16,fp8,awq", help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument(
+        "--methods",
+        default="bf16,fp8,awq",
+        help=f"comma-separated, from {', '.join(METHODS)}; METHOD@KV sets that entry's KV cache dtype",
+    )
     p.add_argument("--offline-methods", default="bf16,fp8", help="the methods also run offline ('' for none)")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
@@ -55,7 +60,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-tokens", type=int, default=256)
     p.add_argument("--decode-reps", type=int, default=3)
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--kv-cache-dtype", default="auto", help="for entries without @KV")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--hardware", default="auto", choices=HARDWARE_CHOICES)
     p.add_argument("--name", default=None)
@@ -77,20 +82,29 @@ def _generate_seconds(llm, prompts: list[list[int]], max_tokens: int) -> float:
     return seconds
 
 
-def run_method(method: str, args, vocab: int, hw, offline: bool) -> dict[str, Any]:
+def parse_method(entry: str, default_kv: str) -> tuple[str, str]:
+    """'METHOD' or 'METHOD@KV_CACHE_DTYPE' -> (method, kv cache dtype); SystemExit naming a bad entry."""
+    method, _, kv = entry.partition("@")
+    if method not in METHODS:
+        raise SystemExit(f"--methods: {method!r} (in {entry!r}) is not one of {', '.join(METHODS)}")
+    return method, kv or default_kv
+
+
+def run_method(entry: str, args, vocab: int, hw, offline: bool) -> dict[str, Any]:
     from jaxllm import LLM
 
+    method, kv_cache_dtype = parse_method(entry, args.kv_cache_dtype)
     llm = LLM(
         model=args.model,
         load_format="dummy",
         quantization=METHODS[method],
         max_model_len=args.max_model_len,
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
     info = dict(llm.llm_engine.startup_info)
     row: dict[str, Any] = {
-        "method": method,
+        "method": entry,
         "quantization": info.get("quantization"),
         "weight_gib": info.get("weight_gib"),
         "weight_bytes": info["weight_bytes"],
@@ -133,8 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     methods = [m for m in args.methods.split(",") if m]
     offline = {m for m in args.offline_methods.split(",") if m}
     for m in methods:
-        if m not in METHODS:
-            raise SystemExit(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
+        parse_method(m, args.kv_cache_dtype)
     vocab = arch_for_model(args.model).vocab_size
     device = jax.devices()[0].device_kind
     hw = hardware_for_device(args.hardware, device)

@@ -1,7 +1,8 @@
 """The quantization benchmarks run end to end on a tiny model on the CPU (their figures come from the GPU).
 
 quantized_speed: every layout loads with random weights, decodes and reports its weight bytes, which
-must shrink as the layout says (fp8 and int4 against float32 here). perplexity: the windows cover the
+must shrink as the layout says (fp8 and int4 against float32 here); an entry's own KV cache dtype
+(METHOD@KV) reaches that entry only. perplexity: the windows cover the
 text, and the figure equals exp(-mean log p) recomputed from the engine's own prompt logprobs.
 """
 
@@ -14,7 +15,7 @@ from benchmarks import perplexity, quantized_speed
 
 def test_quantized_speed_reports_each_layout(tmp_path):
     result = quantized_speed.main(
-        ["--model", "tiny-llama", "--methods", "bf16,fp8,awq", "--offline-methods", "bf16",
+        ["--model", "tiny-llama", "--methods", "bf16,fp8,fp8@fp8,awq", "--offline-methods", "bf16,fp8@fp8",
          "--num-prompts", "4", "--input-len", "8", "--output-len", "4", "--decode-tokens", "4",
          "--decode-reps", "1", "--max-model-len", "32", "--output-json", str(tmp_path / "q.json")]
     )  # fmt: skip
@@ -26,6 +27,11 @@ def test_quantized_speed_reports_each_layout(tmp_path):
     assert rows["fp8"]["weight_bytes"] < rows["bf16"]["weight_bytes"]
     assert rows["awq"]["weight_bytes"] < rows["fp8"]["weight_bytes"]
     assert rows["bf16"]["offline_output_tok_s"] > 0 and rows["fp8"]["decode_speedup"] > 0
+    # METHOD@KV: that entry alone gets the FP8 KV cache (a byte an element where the others keep 4)
+    assert rows["fp8@fp8"]["kv_cache_dtype"] == "float8_e4m3fn"
+    assert {rows[m]["kv_cache_dtype"] for m in ("bf16", "fp8", "awq")} == {"float32"}
+    assert rows["fp8@fp8"]["kv_cache_gib"] < rows["fp8"]["kv_cache_gib"]
+    assert rows["fp8@fp8"]["offline_output_tok_s"] > 0
     assert (tmp_path / "q.json").exists()
 
 
