@@ -111,9 +111,11 @@ def _gemv_kernel(
             # inputs k0, k0 + 2, ... / k0 + 1, k0 + 3, ...
             codes = [(_codes_unit(packed << 19), _codes_unit(packed << 15))]
         out = [list(a) for a in accs]
-        for i, (strip, (q_lo, q_hi)) in enumerate(zip(strips, codes)):
-            s = s_ref[pl.ds(group, 1), strip].astype(jnp.float32)  # f32[1, width]
-            zs = z_ref[pl.ds(group, 1), strip].astype(jnp.float32) / CODE_SCALE * s  # z s / 16
+        s_all = _strips(s_ref[pl.ds(group, 1), :].astype(jnp.float32), len(strips))
+        z_all = _strips(z_ref[pl.ds(group, 1), :].astype(jnp.float32), len(strips))
+        for i, (q_lo, q_hi) in enumerate(codes):
+            s = s_all[i]  # f32[1, width]
+            zs = z_all[i] / CODE_SCALE * s  # z s / 16
             for r, (x_even, x_odd, ones, x_sum) in enumerate(xs):
                 prod = x_even * q_lo + x_odd * q_hi  # [bk/2, width]
                 if wide:  # summed over the tile's rows once, after the loop
@@ -134,6 +136,15 @@ def _gemv_kernel(
             if wide:
                 acc = jnp.sum(acc[0], axis=0, keepdims=True) + acc[1]
             o_ref[pl.ds(r, 1), strip] = (CODE_SCALE * acc).astype(o_ref.dtype)
+
+
+def _strips(row, n: int):  # [1, bn] -> n rows [1, bn / n], strip c = columns c, c + n, ...
+    if n == 1:
+        return [row]
+    bn = row.shape[-1]
+    pairs = jnp.unstack(row.reshape(bn // 4, 2, 2), axis=-1)  # column 4j + 2t + u -> pairs[u][j, t]
+    quads = [jnp.unstack(p, axis=-1) for p in pairs]  # quads[u][t][j]
+    return [quads[c % 2][c // 2].reshape(1, bn // 4) for c in range(4)]
 
 
 def _shift(words, left: int):  # words << left, or >> -left
