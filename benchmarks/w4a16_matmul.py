@@ -39,7 +39,7 @@ from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
 from jaxllm.kernels.int4_reference import dequantize_int4, unpack_int4
 from jaxllm.kernels.w4a16_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from jaxllm.kernels.w4a16_gemv import UNPACKS, default_gemv_config, w4a16_gemv
+from jaxllm.kernels.w4a16_gemv import default_gemv_config, w4a16_gemv
 from jaxllm.kernels.w4a16_matmul import default_config, w4a16_matmul
 
 warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")
@@ -82,21 +82,16 @@ def gemv_fn(interpret: bool, knobs: dict):
 
 
 def gemv_knobs(m: int, k: int, n: int, g: int) -> list[dict]:
-    """The GEMV kernel's default, then for each way of unpacking the codes (UNPACKS) its knobs around the
-    default one at a time (program count, tile, warps, stages)."""
+    """The GEMV kernel's default, then its knobs around it one at a time (program count, tile, warps)."""
     cfg = default_gemv_config(m, k, n, g)
-    steps = k // cfg["block_k"]
     out = [{}]
-    for unpack in UNPACKS:
-        ways = [{}] if unpack != cfg["unpack"] else []
-        ways += [{"block_n": bn} for bn in (64, 256) if n % bn == 0]
-        ways += [{"block_k": bk} for bk in (64,) if g % bk == 0 and bk != cfg["block_k"]]
-        ways += [
-            {"split_k": sk} for sk in sorted({max(1, cfg["split_k"] // 2), min(steps, 2 * cfg["split_k"])})
-        ]
-        ways += [{"num_warps": w} for w in (2, 8)]
-        ways += [{"num_stages": st} for st in (1, 4)]
-        out += [{**w, "unpack": unpack} if unpack != cfg["unpack"] else w for w in ways]
+    out += [{"block_n": bn} for bn in (64, 256) if n % bn == 0]
+    out += [{"block_k": bk} for bk in (64,) if g % bk == 0 and bk != cfg["block_k"]]
+    steps = k // cfg["block_k"]
+    out += [{"split_k": sk} for sk in sorted({max(1, cfg["split_k"] // 2), min(steps, 2 * cfg["split_k"])})]
+    out += [{"num_warps": w} for w in (2, 8)]
+    out += [{"num_stages": 1}]
+    out += [{"prefetch": not cfg["prefetch"]}, {"prefetch": not cfg["prefetch"], "num_warps": 2}]
     return out
 
 

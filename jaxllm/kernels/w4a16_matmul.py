@@ -255,10 +255,9 @@ def split_k_call(
 ):
     """The pallas_call of a W4A16 kernel whose programs each write a [M, bn] block of y = x @ w: with
     split_k 1 straight into y (x's dtype), else as float32 partials [split_k, M, N] that one XLA reduction
-    adds. `split_and_column(*program ids) -> (split, column block)`. operands: (x, codes, scales, ...),
-    N read from the scales (the codes may be packed along N)."""
-    x, scales = operands[0], operands[2]
-    m, n, split_k = x.shape[0], scales.shape[1], cfg["split_k"]
+    adds. `split_and_column(*program ids) -> (split, column block)`."""
+    x, qweight = operands[0], operands[1]
+    m, n, split_k = x.shape[0], qweight.shape[1], cfg["split_k"]
     if split_k == 1:
         out_shape = jax.ShapeDtypeStruct((m, n), x.dtype)
         out_spec = pl.BlockSpec((m, bn), lambda *ids: (0, split_and_column(*ids)[1]))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxllm.kernels.int4_reference import ref_w4a16_matmul
-from jaxllm.kernels.w4a16_gemv import MAX_ROWS, UNPACKS, default_gemv_config, resolve_gemv_config, w4a16_gemv
+from jaxllm.kernels.w4a16_gemv import MAX_ROWS, default_gemv_config, resolve_gemv_config, w4a16_gemv
 from tests.kernels.test_w4a16_matmul import LLAMA_SHAPES, TOLERANCE, make_weights, make_x, max_rel_err
 from tests.kernels.triton_sm90 import assert_compiles_for_sm90, lower_for_h100
 
@@ -23,8 +23,8 @@ CASES = [
     (jnp.float32, 3, (1536, 576), 128, dict(split_k=1)),
     (jnp.float32, 1, (4096, 512), 32, dict(block_n=16, block_k=32, num_warps=2)),
 ]
-# the codes read four bytes to a word (one row: the wide accumulator; more: a sum a step), the same cases
-CASES += [(d, m, kn, g, {**knobs, "unpack": "words"}) for d, m, kn, g, knobs in CASES]
+# each step's loads issued a step ahead: the same cases (ragged and empty-free splits, one and many rows)
+CASES += [(d, m, kn, g, {**knobs, "prefetch": True}) for d, m, kn, g, knobs in CASES]
 
 
 def check(dtype, m, shape, g, knobs, interpret, qweight_fn=None):
@@ -46,27 +46,20 @@ def test_matches_reference(case, interpret):
     assert err < TOLERANCE[jnp.dtype(case[0]).name], f"max relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("unpack", UNPACKS)
-@pytest.mark.parametrize("m", [1, 2])
-def test_detects_wrong_answer(interpret, unpack, m):
-    """The check can fail: nibbles swapped (odd inputs first), or the bytes of each word reversed (columns
-    4j..4j+3 read backwards), miss the reference by far."""
-    swap = lambda q: (q >> 4) | (q << 4)  # noqa: E731
-    err = check(jnp.bfloat16, m, (576, 192), 64, {"unpack": unpack}, interpret, qweight_fn=swap)
-    assert err > 100 * TOLERANCE["bfloat16"]
-    flip = lambda q: q.reshape(q.shape[0], -1, 4)[:, :, ::-1].reshape(q.shape)  # noqa: E731
-    err = check(jnp.bfloat16, m, (576, 192), 64, {"unpack": unpack}, interpret, qweight_fn=flip)
+def test_detects_wrong_answer(interpret):
+    """The check can fail: nibbles swapped (odd inputs first) miss the reference by far."""
+    err = check(jnp.bfloat16, 2, (576, 192), 64, {}, interpret, qweight_fn=lambda q: (q >> 4) | (q << 4))
     assert err > 100 * TOLERANCE["bfloat16"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("unpack", UNPACKS)
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("shape", LLAMA_SHAPES, ids=lambda s: f"k{s[0]}-n{s[1]}")
-def test_llama_shapes_on_gpu(shape, unpack, on_gpu):
+def test_llama_shapes_on_gpu(shape, prefetch, on_gpu):
     if not on_gpu:
         pytest.skip("needs --gpu")
     for m in range(1, MAX_ROWS + 1):
-        err = check(jnp.bfloat16, m, shape, 128, {"unpack": unpack}, interpret=False)
+        err = check(jnp.bfloat16, m, shape, 128, {"prefetch": prefetch}, interpret=False)
         assert err < TOLERANCE["bfloat16"], (m, err)
 
 
@@ -78,7 +71,7 @@ def test_llama_shapes_on_gpu(shape, unpack, on_gpu):
         (1, dict(block_n=48), "power of two"),
         (1, dict(split_k=99), "split_k=99"),
         (1, dict(bm=16), "unknown tuning knobs"),
-        (1, dict(unpack="nibbles"), "unpack='nibbles'"),
+        (1, dict(prefetch=1), "prefetch=1"),
     ],
 )
 def test_rejects_bad_configs(m, knobs, match):
@@ -99,13 +92,11 @@ def test_default_config_fills_the_card(shape):
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("unpack", UNPACKS)
 @pytest.mark.parametrize("m, k, n", [(1, 4096, 28672), (4, 14336, 4096)], ids=str)
-def test_compiles_for_sm90_without_mma(m, k, n, unpack, monkeypatch, tmp_path):
-    """Its Triton IR (the inline lop3 of "words" included) compiles for sm_90 with no spills, and
-    without the tensor cores."""
+def test_compiles_for_sm90_without_mma(m, k, n, monkeypatch, tmp_path):
+    """Its Triton IR compiles for sm_90 with no spills, and without the tensor cores."""
     sds = jax.ShapeDtypeStruct
     args = (sds((m, k), jnp.bfloat16), sds((k // 2, n), jnp.uint8), sds((k // 128, n), jnp.bfloat16))
-    cfg = resolve_gemv_config(m, k, n, 128, unpack=unpack)
-    lower = lambda: lower_for_h100(lambda *a: w4a16_gemv(*a, unpack=unpack), *args, args[2])  # noqa: E731
+    cfg = default_gemv_config(m, k, n, 128)
+    lower = lambda: lower_for_h100(w4a16_gemv, *args, args[2])  # noqa: E731
     assert_compiles_for_sm90(lower, cfg, monkeypatch, tmp_path, mma=False)
