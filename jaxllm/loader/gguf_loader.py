@@ -1,7 +1,7 @@
 """GGUF file (llama.cpp) -> (HF-style config dict, params), for the Llama family (llama, mistral, qwen2,
 qwen3 metadata) and Gemma 3 (gemma3: its norm weights are stored plus one, which the load takes off).
 
-Header: `gguf.GGUFReader` memory-maps the file; `{arch}.*` metadata becomes an HF config dict
+Header: `GGUFHeader` (gguf_header.py) memory-maps the file; `{arch}.*` metadata becomes an HF config dict
 (`gguf_hf_config`), which also records the GGUF type of every decoder projection's parts
 (`gguf_projection_types`), so a model restored from the orbax cache is built the same way.
 
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from jaxllm.loader.gguf_blocks import GROUP, INT4_TYPES, INT8_TYPES, decode_quantized
+from jaxllm.loader.gguf_header import GGUFHeader
 from jaxllm.loader.names import gguf_name
 from jaxllm.loader.params_builder import ParamsBuilder, ShardingFn
 from jaxllm.models.config import ModelArchConfig
@@ -62,13 +63,11 @@ GGUF_INT4 = QuantScheme("gguf", "int4", group_size=GROUP)
 GGUF_INT8 = QuantScheme("gguf", "int8", group_size=GROUP)
 
 
-def open_gguf(path: str):
-    import gguf
-
+def open_gguf(path: str) -> GGUFHeader:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     try:
-        return gguf.GGUFReader(path)
+        return GGUFHeader(path)
     except Exception as e:
         raise ValueError(f"cannot read GGUF file {path}: {e}") from None
 

@@ -123,7 +123,7 @@ class ModelSource:
     tp_size: int  # the shards the fused projections are laid out for (models/fused_projections.py)
     cache: CheckpointCache | None  # orbax cache of converted params (spec.checkpoint_dir)
     from_cache: bool  # the cache is valid and will be restored
-    reader: Any  # the open GGUFReader when the weights come from a GGUF file, else None
+    reader: Any  # the open GGUFHeader when the weights come from a GGUF file, else None
     open_s: float  # seconds spent reading the header and configs
 
 
