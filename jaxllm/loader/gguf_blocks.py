@@ -46,8 +46,11 @@ def _f16(blocks: np.ndarray, at: int) -> np.ndarray:  # the f16 at byte `at` of 
     return np.ascontiguousarray(blocks[..., at : at + 2]).view(np.float16)[..., 0].astype(np.float32)
 
 
-def _nibbles(packed: np.ndarray) -> np.ndarray:  # u8[..., 16] -> u8[..., 32]: low halves, then high
-    return np.concatenate([packed & 0xF, packed >> 4], axis=-1)
+def _pairs(nibbles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """u8[..., 2n] of two codes a byte -> the canonical bytes (code 2i | code 2i + 1 << 4) of their low
+    nibbles and of their high nibbles, u8[..., n] each: no byte is widened to one code first."""
+    even, odd = nibbles[..., 0::2], nibbles[..., 1::2]
+    return (even & 0xF) | ((odd & 0xF) << 4), (even >> 4) | (odd & 0xF0)
 
 
 def _q4k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,39 +76,38 @@ def decode_int8(raw: np.ndarray, qtype: str) -> dict[str, np.ndarray]:
     return {"qweight": q, "scales": _f16(blocks, 0)}
 
 
-def _int4_codes_step_offset(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q u8[N, G, 32] in 0..15, step f32[N, G], offset f32[N, G]) with w = step * q + offset, G = K/32."""
+def _int4_packed_step_offset(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(canonical bytes u8[N, G, 16], step f32[N, G], offset f32[N, G]) with w = step * q + offset, G = K/32."""
     blocks = _blocks(raw, qtype)
     n, b, _ = blocks.shape
-    if qtype == "Q4_0":
+    if qtype in ("Q4_0", "Q4_1"):  # elements 0-15 are the low nibbles, 16-31 the high ones
+        lo, hi = _pairs(blocks[..., -16:])
+        packed = np.concatenate([lo, hi], axis=-1)
         d = _f16(blocks, 0)
-        return _nibbles(blocks[..., 2:18]), d, -8.0 * d
-    if qtype == "Q4_1":
-        return _nibbles(blocks[..., 4:20]), _f16(blocks, 0), _f16(blocks, 2)
+        return packed, d, (-8.0 * d if qtype == "Q4_0" else _f16(blocks, 2))
     if qtype == "Q4_K":
         d, dmin = _f16(blocks, 0), _f16(blocks, 2)  # [N, B]
         sc, m = _q4k_scales_mins(blocks[..., 4:16])  # [N, B, 8]
-        chunks = blocks[..., 16:144].reshape(n, b, 4, 1, 32)
-        q = np.concatenate([chunks & 0xF, chunks >> 4], axis=3)  # [N, B, 4, 2, 32]: sub-block 2c + h
+        lo, hi = _pairs(blocks[..., 16:144].reshape(n, b, 4, 32))  # sub-blocks 2c and 2c + 1: [N, B, 4, 16]
+        packed = np.stack([lo, hi], axis=3).reshape(n, b * 8, 16)
         step = d[..., None] * sc.astype(np.float32)
         offset = -dmin[..., None] * m.astype(np.float32)
-        return q.reshape(n, b * 8, GROUP), step.reshape(n, b * 8), offset.reshape(n, b * 8)
+        return packed, step.reshape(n, b * 8), offset.reshape(n, b * 8)
     raise ValueError(f"{qtype} is not a 4-bit GGUF type served as int4 ({', '.join(INT4_TYPES)})")
 
 
 def decode_int4(raw: np.ndarray, qtype: str) -> dict[str, np.ndarray]:
     """Q4_0 / Q4_1 / Q4_K bytes of N rows -> {qweight u8[N, K/2], scales f32[N, K/32], zeros f32[N, K/32]}."""
-    q, step, offset = _int4_codes_step_offset(raw, qtype)
+    packed, step, offset = _int4_packed_step_offset(raw, qtype)
     constant = step == 0
-    q = np.where(constant[..., None], np.uint8(0), q)  # u8[N, G, 32]
+    if constant.any():
+        packed = np.where(constant[..., None], np.uint8(0), packed)  # u8[N, G, 16]
     scales = np.where(constant, -offset, step)
     with np.errstate(divide="ignore", invalid="ignore"):
         # f64 for the division: the zero point is then the f32 nearest to -offset / step
         zeros = np.where(constant, 1.0, -offset.astype(np.float64) / np.where(constant, 1.0, step))
-    n = q.shape[0]
-    q = q.reshape(n, -1)  # [N, K]
     return {
-        "qweight": q[:, 0::2] | (q[:, 1::2] << 4),
+        "qweight": packed.reshape(packed.shape[0], -1),
         "scales": scales.astype(np.float32),
         "zeros": zeros.astype(np.float32),
     }
