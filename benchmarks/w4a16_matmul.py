@@ -37,6 +37,7 @@ import numpy as np
 from benchmarks.gemm_shapes import groups
 from benchmarks.roofline import HARDWARE_CHOICES, kernel_hardware
 from benchmarks.workload import arch_for_model, make_result, save_result
+from jaxllm.compat import pipeline_named_triton_loops
 from jaxllm.kernels.int4_reference import dequantize_int4, unpack_int4
 from jaxllm.kernels.w4a16_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from jaxllm.kernels.w4a16_gemv import default_gemv_config, w4a16_gemv
@@ -74,6 +75,8 @@ def kernel_fn(interpret: bool, knobs: dict):
 
 
 def gemv_fn(interpret: bool, knobs: dict):
+    pipeline_named_triton_loops()  # the `pipeline` knob's lowering hook, as the linear layer installs it
+
     @jax.jit
     def run(xs, ws):
         return [w4a16_gemv(x, *w, interpret=interpret, **knobs) for x, w in zip(xs, ws, strict=True)]
@@ -92,6 +95,8 @@ def gemv_knobs(m: int, k: int, n: int, g: int) -> list[dict]:
     out += [{"num_warps": w} for w in (2, 8)]
     out += [{"num_stages": 1}]
     out += [{"prefetch": not cfg["prefetch"]}, {"prefetch": not cfg["prefetch"], "num_warps": 2}]
+    out += [{"pipeline": True, "num_stages": st} for st in (2, 3, 4)]
+    out += [{"pipeline": True, "num_warps": w} for w in (2, 8)]
     return out
 
 

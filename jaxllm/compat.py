@@ -7,6 +7,7 @@ there by name instead of deep inside a step. Nothing else in jaxllm touches thes
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 
@@ -107,3 +108,52 @@ def install_jax_compilation_cache(cache) -> None:
     compilation_cache.reset_cache()
     compilation_cache._cache = cache
     compilation_cache._cache_initialized = True
+
+
+# a Pallas Triton kernel whose name ends so asks for its loops' loads pipelined over that many stages
+LOOP_STAGES_SUFFIX = re.compile(r"_loopstages(\d+)$")
+
+
+def pipeline_named_triton_loops() -> None:
+    """Have Triton software-pipeline the loads of every loop of each Pallas Triton kernel whose name ends
+    in `_loopstages{n}` (LOOP_STAGES_SUFFIX), over n stages: asynchronous copies into shared memory issued
+    n - 1 iterations ahead. Idempotent.
+
+    Triton pipelines the loads of a loop that has no dot only when the loop carries `tt.num_stages` (what
+    `tl.range(..., num_stages=n)` sets); Pallas' Triton lowering sets none, so such a kernel's loads wait
+    for memory at every step. This wraps Pallas' `lower_jaxpr_to_triton_module`
+    (`jax._src.pallas.triton.lowering`, which `pallas_call_registration` calls) to put the attribute on
+    the `scf.for` ops of those modules. The kernels ask by name because they import nothing of jaxllm."""
+    from jax._src.pallas.triton import lowering
+
+    emit = getattr(lowering, "lower_jaxpr_to_triton_module", None)
+    if emit is None:
+        raise RuntimeError(
+            "jax._src.pallas.triton.lowering.lower_jaxpr_to_triton_module is gone; update jaxllm.compat"
+        )
+    if getattr(emit, "jaxllm_loop_stages", False):
+        return
+
+    def lower_with_loop_stages(*args, **kwargs):
+        result = emit(*args, **kwargs)
+        op = result.module.operation
+        name = op.attributes["sym_name"].value if "sym_name" in op.attributes else ""
+        m = LOOP_STAGES_SUFFIX.search(name)
+        if m and int(m.group(1)) > 1:
+            from jax._src.lib.mlir import ir
+
+            with result.module.context:
+                _set_on_loops(op, ir.IntegerAttr.get(ir.IntegerType.get_signless(32), int(m.group(1))))
+        return result
+
+    lower_with_loop_stages.jaxllm_loop_stages = True
+    lowering.lower_jaxpr_to_triton_module = lower_with_loop_stages
+
+
+def _set_on_loops(op, attr) -> None:
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                if inner.operation.name == "scf.for":
+                    inner.operation.attributes["tt.num_stages"] = attr
+                _set_on_loops(inner.operation, attr)

@@ -353,3 +353,46 @@ def test_rust_decoder_only_where_decode_is_the_rust_tokenizers(fast_tokenizer):
             return fast_tokenizer.decode(ids, **kwargs)
 
     assert rust_decoder(DecodeOnly()) is None
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize(
+    "name, stages", [("probe_loopstages3", 3), ("probe_loopstages1", None), ("probe", None)]
+)
+def test_named_triton_loops_carry_their_stages(name, stages, monkeypatch):
+    """A Pallas Triton kernel named *_loopstages{n} (n > 1) has tt.num_stages = n on its loops once the
+    hook is in; other kernels' loops carry nothing."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    from jax.experimental import pallas as pl
+
+    from jaxllm.compat import pipeline_named_triton_loops
+    from tests.kernels.triton_sm90 import lower_for_h100
+
+    pipeline_named_triton_loops()
+    wrapper = registration.lowering.lower_jaxpr_to_triton_module
+    pipeline_named_triton_loops()  # idempotent: the same one wrapper
+    assert registration.lowering.lower_jaxpr_to_triton_module is wrapper and wrapper.jaxllm_loop_stages
+    texts = []
+    emit = registration.lowering.lower_jaxpr_to_triton_module
+
+    def keep(*args, **kwargs):
+        result = emit(*args, **kwargs)
+        texts.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+
+    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep)
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = lax.fori_loop(
+            0, 4, lambda i, acc: acc + x_ref[pl.ds(i * 16, 16)], jnp.zeros(16, jnp.float32)
+        )
+
+    def call(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.float32), name=name)(x)
+
+    lower_for_h100(call, jax.ShapeDtypeStruct((64,), jnp.float32))
+    assert len(texts) == 1 and "scf.for" in texts[0]
+    assert ("tt.num_stages = 3" in texts[0]) == (stages == 3)

@@ -19,6 +19,14 @@ w = (q - z) s = (16 Q - 16 - z) s, per row r of x (unrolled, r < M):
 and y_r = 16 acc_r. split_k == 1 writes the rows in x's dtype; split_k > 1 writes float32 partials
 that one XLA reduction adds.
 
+Its loads wait for memory at every step unless told otherwise: Triton pipelines a loop with no dot only
+when the loop asks, and Pallas' lowering does not (Nsight Compute on an H100: 512 bytes of shared memory a
+program, no asynchronous copies, the schedulers idle 30% of cycles at 27.7% occupancy, DRAM at 38%). Two
+knobs, both off until measured on a GPU: `pipeline` names the kernel *_loopstages{num_stages}, which the
+lowering hook jaxllm.compat.pipeline_named_triton_loops (installed by layers/linear.py; the kernels import
+nothing of jaxllm) turns into asynchronous copies num_stages - 1 steps ahead; `prefetch` issues each step's
+loads a step ahead itself and carries them in registers.
+
 Constraints (ValueError): M <= MAX_ROWS, g divides K and is a multiple of 32, N % 16 == 0, bn and bk
 powers of two, bk <= g, bk divides g, bn divides N.
 """
@@ -43,7 +51,7 @@ from jaxllm.kernels.w4a16_matmul import (
 __all__ = ["GEMV_KNOBS", "MAX_ROWS", "default_gemv_config", "w4a16_gemv"]
 
 MAX_ROWS = 8
-GEMV_KNOBS = ("block_n", "block_k", "split_k", "num_warps", "num_stages", "prefetch")
+GEMV_KNOBS = ("block_n", "block_k", "split_k", "num_warps", "num_stages", "prefetch", "pipeline")
 # Programs split-K aims for: about eight an SM of an H100/H200 (132 SMs). Each is small (no shared
 # memory of its own beyond the pipeline's code tiles), so several share an SM and their loads overlap.
 TARGET_PROGRAMS = 1056
@@ -125,7 +133,9 @@ def default_gemv_config(m: int, k: int, n: int, group_size: int) -> dict:
     steps = k // bk
     split_k = max(1, min(-(-TARGET_PROGRAMS // (n // bn)), steps))
     split_k = without_empty_splits(steps, split_k)
-    return dict(block_n=bn, block_k=bk, split_k=split_k, num_warps=4, num_stages=3, prefetch=False)
+    return dict(
+        block_n=bn, block_k=bk, split_k=split_k, num_warps=4, num_stages=3, prefetch=False, pipeline=False
+    )
 
 
 def resolve_gemv_config(m: int, k: int, n: int, group_size: int, **knobs) -> dict:
@@ -140,8 +150,9 @@ def resolve_gemv_config(m: int, k: int, n: int, group_size: int, **knobs) -> dic
         v = cfg[name]
         if not isinstance(v, int) or v < least or v & (v - 1):
             raise ValueError(f"{name}={v} must be a power of two >= {least}")
-    if not isinstance(cfg["prefetch"], bool):
-        raise ValueError(f"prefetch={cfg['prefetch']!r} must be True or False")
+    for name in ("prefetch", "pipeline"):
+        if not isinstance(cfg[name], bool):
+            raise ValueError(f"{name}={cfg[name]!r} must be True or False")
     if n % cfg["block_n"]:
         raise ValueError(f"block_n={cfg['block_n']} must divide N={n} (qweight.shape[1])")
     if group_size % cfg["block_k"]:
@@ -163,6 +174,7 @@ def w4a16_gemv(
     num_warps: int | None = None,
     num_stages: int | None = None,
     prefetch: bool | None = None,
+    pipeline: bool | None = None,
     interpret: bool = False,
 ):  # -> [M, N] in x's dtype
     """x @ ((q - zeros) * scales), accumulated in float32: ref_w4a16_matmul up to summation order."""
@@ -171,7 +183,7 @@ def w4a16_gemv(
     n = qweight.shape[1]
     cfg = resolve_gemv_config(
         m, k, n, g, block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
-        num_stages=num_stages, prefetch=prefetch,
+        num_stages=num_stages, prefetch=prefetch, pipeline=pipeline,
     )  # fmt: skip
     bn, bk, split = cfg["block_n"], cfg["block_k"], cfg["split_k"]
     in_specs = [
@@ -184,5 +196,7 @@ def w4a16_gemv(
         _gemv_kernel, block_k=bk, group_size=g, num_steps=k // bk, split_k=split, prefetch=cfg["prefetch"]
     )
     name = f"w4a16_gemv_bn{bn}_bk{bk}_sk{split}" + ("_prefetch" if cfg["prefetch"] else "")
+    if cfg["pipeline"]:  # the step loop's loads as asynchronous copies, num_stages - 1 steps ahead
+        name += f"_loopstages{cfg['num_stages']}"  # honoured by jaxllm.compat.pipeline_named_triton_loops
     return split_k_call(kernel, (x, qweight, scales, zeros), in_specs, (n // bn, split), lambda j, c: (c, j), bn,
                         cfg, name, interpret)  # fmt: skip

@@ -96,7 +96,10 @@ def quantized_matmul(
         return (acc * sx * params["weight_scale"][None, :]).astype(dtype)
     if scheme.weights == "int4" and use_kernel and w4a16_kernel_fits(params):
         if x.shape[0] <= W4A16_GEMV_MAX_ROWS:
+            from jaxllm.compat import pipeline_named_triton_loops
             from jaxllm.kernels.w4a16_gemv import w4a16_gemv as kernel
+
+            pipeline_named_triton_loops()  # what the GEMV's `pipeline` knob asks for (its docstring)
         else:
             from jaxllm.kernels.w4a16_matmul import w4a16_matmul as kernel
         return kernel(x, params["qweight"], params["scales"], params["zeros"])

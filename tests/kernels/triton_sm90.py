@@ -35,11 +35,13 @@ def assert_compiles_for_sm90(
     *,
     mma: bool = True,
     modules_emitted: int = 1,
+    async_copies: bool | None = None,
 ) -> None:
     """The first of the `modules_emitted` Triton modules `lower()` emits, compiled for sm_90 with `launch`'s num_warps and num_stages
     (the kernel's own choice for the case), its dots on mma where `mma`; skips where
     the `triton` package or Pallas' Triton internals are absent (their absence says nothing about the
-    kernel). With ptxas at hand, asserts it spills nothing."""
+    kernel). With ptxas at hand, asserts it spills nothing. `async_copies` (unless None): whether its loads
+    must have been pipelined as asynchronous copies."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
 
@@ -68,6 +70,8 @@ def assert_compiles_for_sm90(
     )
     assert compiled.metadata.shared <= SHARED_MEMORY_BYTES
     assert ("mma" in compiled.asm["ptx"]) == mma
+    if async_copies is not None:  # loads pipelined into shared memory (Triton's software pipeliner)
+        assert ("async_copy_global_to_local" in compiled.asm["ttgir"]) == async_copies
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     ptxas = str(ptxas) if ptxas.exists() else shutil.which("ptxas")
     if ptxas is None:
