@@ -369,21 +369,12 @@ def test_named_triton_loops_carry_their_stages(name, stages, monkeypatch):
     from jax.experimental import pallas as pl
 
     from jaxllm.compat import pipeline_named_triton_loops
-    from tests.kernels.triton_sm90 import lower_for_h100
+    from tests.kernels.triton_sm90 import lower_for_h100, triton_modules
 
     pipeline_named_triton_loops()
     wrapper = registration.lowering.lower_jaxpr_to_triton_module
     pipeline_named_triton_loops()  # idempotent: the same one wrapper
     assert registration.lowering.lower_jaxpr_to_triton_module is wrapper and wrapper.jaxllm_loop_stages
-    texts = []
-    emit = registration.lowering.lower_jaxpr_to_triton_module
-
-    def keep(*args, **kwargs):
-        result = emit(*args, **kwargs)
-        texts.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep)
 
     def kernel(x_ref, o_ref):
         o_ref[...] = lax.fori_loop(
@@ -393,6 +384,8 @@ def test_named_triton_loops_carry_their_stages(name, stages, monkeypatch):
     def call(x):
         return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.float32), name=name)(x)
 
-    lower_for_h100(call, jax.ShapeDtypeStruct((64,), jnp.float32))
+    texts = triton_modules(
+        lambda: lower_for_h100(call, jax.ShapeDtypeStruct((64,), jnp.float32)), monkeypatch
+    )
     assert len(texts) == 1 and "scf.for" in texts[0]
     assert ("tt.num_stages = 3" in texts[0]) == (stages == 3)

@@ -27,6 +27,26 @@ def lower_for_h100(fn: Callable, *args: jax.ShapeDtypeStruct) -> str:
         return traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
+def triton_modules(lower: Callable[[], object], monkeypatch) -> list[str]:
+    """The text of every Triton module Pallas emits while `lower()` runs (skips where Pallas' Triton
+    internals are absent)."""
+    try:
+        from jax._src.pallas.triton import pallas_call_registration as registration
+    except ImportError:
+        pytest.skip("Pallas Triton internals not available")
+    modules = []
+    emit = registration.lowering.lower_jaxpr_to_triton_module
+
+    def keep_module(*args, **kwargs):
+        result = emit(*args, **kwargs)
+        modules.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+
+    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep_module)
+    lower()
+    return modules
+
+
 def assert_compiles_for_sm90(
     lower: Callable[[], object],
     launch: dict,
@@ -45,20 +65,7 @@ def assert_compiles_for_sm90(
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
 
-    try:
-        from jax._src.pallas.triton import pallas_call_registration as registration
-    except ImportError:
-        pytest.skip("Pallas Triton internals not available")
-    modules = []
-    emit = registration.lowering.lower_jaxpr_to_triton_module
-
-    def keep_module(*args, **kwargs):
-        result = emit(*args, **kwargs)
-        modules.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep_module)
-    lower()
+    modules = triton_modules(lower, monkeypatch)
     assert len(modules) == modules_emitted, len(modules)
     ttir = modules[0]
     src = tmp_path / "kernel.ttir"
