@@ -20,8 +20,7 @@ and y_r = 16 acc_r. split_k == 1 writes the rows in x's dtype; split_k > 1 write
 that one XLA reduction adds.
 
 Its loads wait for memory at every step unless told otherwise: Triton pipelines a loop with no dot only
-when the loop asks, and Pallas' lowering does not (Nsight Compute on an H100: 512 bytes of shared memory a
-program, no asynchronous copies, the schedulers idle 30% of cycles at 27.7% occupancy, DRAM at 38%). Two
+when the loop asks, and Pallas' lowering does not (the profile is in docs/quantized_performance.md). Two
 knobs, both off until measured on a GPU: `pipeline` names the kernel *_loopstages{num_stages}, which the
 lowering hook jaxllm.compat.pipeline_named_triton_loops (installed by layers/linear.py; the kernels import
 nothing of jaxllm) turns into asynchronous copies num_stages - 1 steps ahead; `prefetch` issues each step's
