@@ -60,9 +60,8 @@ class Field:
         if etype == STRING:
             out = []
             for _ in range(count):
-                (n,) = struct.unpack_from("<Q", buf, offset)
-                out.append(bytes(buf[offset + 8 : offset + 8 + n]).decode("utf-8"))
-                offset += 8 + n
+                text, offset = _string(buf, offset)
+                out.append(text)
             return out
         if etype == ARRAY:
             raise ValueError(f"GGUF field {self.name}: arrays of arrays are not read")
