@@ -8,10 +8,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxllm.compat import pipeline_named_triton_loops
 from jaxllm.kernels.int4_reference import ref_w4a16_matmul
 from jaxllm.kernels.w4a16_gemv import MAX_ROWS, default_gemv_config, resolve_gemv_config, w4a16_gemv
 from tests.kernels.test_w4a16_matmul import LLAMA_SHAPES, TOLERANCE, make_weights, make_x, max_rel_err
 from tests.kernels.triton_sm90 import assert_compiles_for_sm90, lower_for_h100
+
+pipeline_named_triton_loops()  # the `pipeline` cases compiled on the GPU really pipelined, as the model runs them
 
 # (dtype, M, (K, N), g, knobs): every dtype, M from 1 to MAX_ROWS, per-channel and grouped scales, split-K
 # off, default and ragged (a split count that leaves uneven runs), tiles other than the default's.
@@ -54,13 +57,13 @@ def test_detects_wrong_answer(interpret):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("knobs", [{}, {"prefetch": True}, {"pipeline": True}], ids=str)
 @pytest.mark.parametrize("shape", LLAMA_SHAPES, ids=lambda s: f"k{s[0]}-n{s[1]}")
-def test_llama_shapes_on_gpu(shape, prefetch, on_gpu):
+def test_llama_shapes_on_gpu(shape, knobs, on_gpu):
     if not on_gpu:
         pytest.skip("needs --gpu")
     for m in range(1, MAX_ROWS + 1):
-        err = check(jnp.bfloat16, m, shape, 128, {"prefetch": prefetch}, interpret=False)
+        err = check(jnp.bfloat16, m, shape, 128, knobs, interpret=False)
         assert err < TOLERANCE["bfloat16"], (m, err)
 
 
@@ -100,9 +103,6 @@ def test_compiles_for_sm90_without_mma(m, k, n, pipeline, monkeypatch, tmp_path)
     """Its Triton IR compiles for sm_90 with no spills, and without the tensor cores; with `pipeline` (and
     the lowering hook the linear layer installs) its step loads become asynchronous copies, without it
     they do not (Triton pipelines a loop with no dot only when asked)."""
-    from jaxllm.compat import pipeline_named_triton_loops
-
-    pipeline_named_triton_loops()
     sds = jax.ShapeDtypeStruct
     args = (sds((m, k), jnp.bfloat16), sds((k // 2, n), jnp.uint8), sds((k // 128, n), jnp.bfloat16))
     cfg = resolve_gemv_config(m, k, n, 128, pipeline=pipeline)
