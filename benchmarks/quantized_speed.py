@@ -2,7 +2,8 @@
 
     for each --methods entry (bf16, fp8, awq, gptq, compressed-tensors: random weights of that layout at
     the model's real size, --load-format dummy; METHOD@KV gives that entry its own --kv-cache-dtype,
-    e.g. fp8@fp8 for FP8 weights with an FP8 KV cache):
+    e.g. fp8@fp8 for FP8 weights with an FP8 KV cache; +KNOB or +KNOB=INT after an int4 method sets a
+    knob of the one-row GEMV kernel for that entry, e.g. awq+pipeline or awq+pipeline+num_stages=4):
       LLM(...) -> weight bytes and KV blocks at load (the engine's startup_info)
       concurrency 1: one --input-len prompt, generate 1 token (prefill) and 1 + --decode-tokens tokens;
                      decode tok/s = decode tokens / (the difference); best of --decode-reps
@@ -13,6 +14,10 @@
 
     python -m benchmarks.quantized_speed --model llama-3.1-8b --methods bf16,fp8,fp8@fp8,awq \
         --offline-methods bf16,fp8,fp8@fp8 --num-prompts 1000 --input-len 512 --output-len 256
+    python -m benchmarks.quantized_speed --methods bf16,awq,awq+pipeline,awq,awq+pipeline --offline-methods ''
+
+Entries may repeat: alternating two kernels' entries in one process shows the card's drift beside their
+difference (a GEMV knob's default is what jaxllm/kernels/w4a16_gemv.py's default_gemv_config returns).
 
 Random weights decide nothing here: a GEMM reads the same bytes whatever they hold. The bound is that of
 the card JAX runs on (roofline.py; none on a card without peaks). A method whose generate left a request
@@ -22,6 +27,7 @@ unfinished gets an error row instead of figures, and the run exits 1 (finished.p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import time
@@ -41,6 +47,7 @@ METHODS = {
     "gptq": "gptq",
     "compressed-tensors": "compressed-tensors",
 }
+INT4_METHODS = ("awq", "gptq", "compressed-tensors")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -51,7 +58,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--methods",
         default="bf16,fp8,awq",
-        help=f"comma-separated, from {', '.join(METHODS)}; METHOD@KV sets that entry's KV cache dtype",
+        help=f"comma-separated, from {', '.join(METHODS)}; METHOD@KV sets that entry's KV cache dtype; "
+        "an int4 METHOD+KNOB[=INT] sets a GEMV kernel knob (w4a16_gemv.GEMV_KNOBS) for that entry",
     )
     p.add_argument("--offline-methods", default="bf16,fp8", help="the methods also run offline ('' for none)")
     p.add_argument("--input-len", type=int, default=512)
@@ -82,18 +90,60 @@ def _generate_seconds(llm, prompts: list[list[int]], max_tokens: int) -> float:
     return seconds
 
 
-def parse_method(entry: str, default_kv: str) -> tuple[str, str]:
-    """'METHOD' or 'METHOD@KV_CACHE_DTYPE' -> (method, kv cache dtype); SystemExit naming a bad entry."""
-    method, _, kv = entry.partition("@")
+def parse_method(entry: str, default_kv: str) -> tuple[str, str, dict]:
+    """'METHOD[@KV_CACHE_DTYPE][+KNOB[=INT]]...' -> (method, kv cache dtype, GEMV knobs); SystemExit
+    naming a bad entry."""
+    from jaxllm.kernels.w4a16_gemv import GEMV_KNOBS
+
+    head, *knob_parts = entry.split("+")
+    method, _, kv = head.partition("@")
     if method not in METHODS:
         raise SystemExit(f"--methods: {method!r} (in {entry!r}) is not one of {', '.join(METHODS)}")
-    return method, kv or default_kv
+    knobs: dict[str, Any] = {}
+    for part in knob_parts:
+        name, eq, value = part.partition("=")
+        if method not in INT4_METHODS:
+            raise SystemExit(f"--methods: {entry!r}: GEMV knobs apply to {', '.join(INT4_METHODS)} only")
+        if name not in GEMV_KNOBS:
+            raise SystemExit(f"--methods: {entry!r}: {name!r} is not one of {', '.join(GEMV_KNOBS)}")
+        if not eq:
+            knobs[name] = True
+        elif value.isdigit():
+            knobs[name] = int(value)
+        else:
+            raise SystemExit(f"--methods: {entry!r}: {part!r} needs a whole number after '='")
+    return method, kv or default_kv, knobs
+
+
+@contextlib.contextmanager
+def gemv_defaults(knobs: dict):
+    """The one-row W4A16 kernel's defaults updated with `knobs` while an entry runs. Its jitted function
+    caches traces by its static arguments, which the layers leave unset, so its cache is cleared on the
+    way in and out: an entry's step never reuses another entry's trace."""
+    from jaxllm.kernels import w4a16_gemv as gemv
+
+    if not knobs:
+        yield
+        return
+    base = gemv.default_gemv_config
+    gemv.default_gemv_config = lambda *shape: {**base(*shape), **knobs}
+    gemv.w4a16_gemv.clear_cache()
+    try:
+        yield
+    finally:
+        gemv.default_gemv_config = base
+        gemv.w4a16_gemv.clear_cache()
 
 
 def run_method(entry: str, args, vocab: int, hw, offline: bool) -> dict[str, Any]:
+    method, kv_cache_dtype, knobs = parse_method(entry, args.kv_cache_dtype)
+    with gemv_defaults(knobs):
+        return _run_method(entry, method, kv_cache_dtype, args, vocab, hw, offline)
+
+
+def _run_method(entry: str, method: str, kv_cache_dtype: str, args, vocab: int, hw, offline: bool) -> dict:
     from jaxllm import LLM
 
-    method, kv_cache_dtype = parse_method(entry, args.kv_cache_dtype)
     llm = LLM(
         model=args.model,
         load_format="dummy",

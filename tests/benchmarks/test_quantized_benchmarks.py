@@ -2,13 +2,17 @@
 
 quantized_speed: every layout loads with random weights, decodes and reports its weight bytes, which
 must shrink as the layout says (fp8 and int4 against float32 here); an entry's own KV cache dtype
-(METHOD@KV) reaches that entry only. perplexity: the windows cover the
+(METHOD@KV) reaches that entry only, and a GEMV knob (METHOD+KNOB) that entry's kernel only. perplexity: the windows cover the
 text, and the figure equals exp(-mean log p) recomputed from the engine's own prompt logprobs.
 """
 
 from __future__ import annotations
 
 import math
+
+import jax
+import jax.numpy as jnp
+import pytest
 
 from benchmarks import perplexity, quantized_speed
 
@@ -33,6 +37,48 @@ def test_quantized_speed_reports_each_layout(tmp_path):
     assert rows["fp8@fp8"]["kv_cache_gib"] < rows["fp8"]["kv_cache_gib"]
     assert rows["fp8@fp8"]["offline_output_tok_s"] > 0
     assert (tmp_path / "q.json").exists()
+
+
+def test_method_entries_parse_with_kv_dtype_and_gemv_knobs():
+    parse = quantized_speed.parse_method
+    assert parse("awq", "auto") == ("awq", "auto", {})
+    assert parse("awq@fp8+pipeline+num_stages=4", "auto") == (
+        "awq",
+        "fp8",
+        {"pipeline": True, "num_stages": 4},
+    )
+    for bad, match in [
+        ("fp8+pipeline", "apply to awq"),
+        ("awq+pipelined", "'pipelined' is not one of"),
+        ("awq+num_stages=four", "whole number"),
+        ("int3", "'int3' .* is not one of"),
+    ]:
+        with pytest.raises(SystemExit, match=match):
+            parse(bad, "auto")
+
+
+def test_gemv_knobs_reach_the_kernel_for_one_entry_only():
+    """The kernel traced inside an entry's gemv_defaults carries the knob (its pipelined name), and the one
+    traced after it does not: the jitted kernel's trace cache does not leak one entry's kernel into the next."""
+    from jaxllm.kernels.w4a16_gemv import w4a16_gemv
+
+    sds = jax.ShapeDtypeStruct
+    args = (
+        sds((1, 256), jnp.float32),
+        sds((128, 64), jnp.uint8),
+        sds((2, 64), jnp.float32),
+        sds((2, 64), jnp.float32),
+    )
+
+    def kernel_jaxpr() -> str:
+        return str(jax.make_jaxpr(lambda *a: w4a16_gemv(*a, interpret=True))(*args))
+
+    before = kernel_jaxpr()
+    with quantized_speed.gemv_defaults({"pipeline": True, "num_stages": 4}):
+        inside = kernel_jaxpr()
+    after = kernel_jaxpr()
+    assert "_loopstages" not in before and "_loopstages" not in after
+    assert "_loopstages4" in inside
 
 
 def test_windows_cover_the_text():
