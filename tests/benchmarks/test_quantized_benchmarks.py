@@ -2,8 +2,9 @@
 
 quantized_speed: every layout loads with random weights, decodes and reports its weight bytes, which
 must shrink as the layout says (fp8 and int4 against float32 here); an entry's own KV cache dtype
-(METHOD@KV) reaches that entry only, and a GEMV knob (METHOD+KNOB) that entry's kernel only. perplexity: the windows cover the
-text, and the figure equals exp(-mean log p) recomputed from the engine's own prompt logprobs.
+(METHOD@KV) reaches that entry only, and a GEMV knob (METHOD+KNOB) that entry's kernel only. perplexity:
+the windows cover the text, and the figure equals exp(-mean log p) recomputed from the engine's own
+prompt logprobs.
 """
 
 from __future__ import annotations
